@@ -1,0 +1,242 @@
+//! `append`: compress concurrently, assign locations serially, write concurrently, then commit
+//! the table entries and publish the new length.
+//!
+//! Everything that can be refused (sizes, limits, codec, writer lock) is checked before the
+//! first byte is written. Data lands in the chunk files before its table entries, and the
+//! entries before the length, so a failure at any step leaves the published store unchanged and
+//! the frontier where it was (the space is reused by the next append).
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
+use crate::codec::Encoder;
+use crate::error::{Error, Result};
+use crate::format::{Codec, RecordLoc, MAX_CHUNKS, MAX_RECORDS, MAX_RECORD_BYTES};
+use crate::pool::run_sharded;
+use crate::store::Store;
+
+/// Where a record's stored bytes are: in the caller's buffer, or in a shard's output buffer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Buf {
+    Caller,
+    Shard(usize),
+}
+
+/// One record on its way in.
+struct Pending {
+    index: usize,
+    /// Byte range of the record in the caller's buffer.
+    src: (usize, usize),
+    /// How it is stored, and where those bytes are.
+    codec: Codec,
+    buf: Buf,
+    stored: (usize, usize),
+}
+
+/// A run of stored bytes to write at one place in one chunk.
+struct Write {
+    chunk: u64,
+    offset: u64,
+    buf: Buf,
+    range: (usize, usize),
+}
+
+impl Store {
+    /// Appends the records packed in `src`: record `i` is `src[offsets[i]..offsets[i + 1]]`, the
+    /// last one runs to the end of `src`. Returns the index of the first new record.
+    pub fn append(&self, src: &[u8], offsets: &[u64], codec: Option<Codec>) -> Result<u64> {
+        let codec = codec.unwrap_or(self.default_codec);
+        let _guard = self.activity.shared("append")?;
+        let ranges = record_ranges(src.len(), offsets)?;
+        if ranges.is_empty() {
+            return Ok(self.len());
+        }
+        if codec == Codec::ZstdDict && !self.has_dict() {
+            return Err(Error::MissingDictionary { path: self.dir.clone() });
+        }
+        {
+            // Learn about a refused writer lock before spending time compressing.
+            let mut state = self.lock_writer();
+            self.ensure_writer(&mut state)?;
+            if self.len() + ranges.len() as u64 > MAX_RECORDS {
+                return Err(record_limit(self.len() + ranges.len() as u64));
+            }
+        }
+        let (records, shard_bufs) = self.encode(src, &ranges, codec)?;
+        let bytes_of = |buf: Buf, (a, b): (usize, usize)| -> &[u8] {
+            match buf {
+                Buf::Caller => &src[a..b],
+                Buf::Shard(s) => &shard_bufs[s][a..b],
+            }
+        };
+
+        let mut state = self.lock_writer();
+        self.ensure_writer(&mut state)?;
+        let first = self.len();
+        let n = records.len() as u64;
+        if first + n > MAX_RECORDS {
+            return Err(record_limit(first + n));
+        }
+        // Assign locations serially from the frontier; a record never straddles two chunks, and
+        // a chunk filled exactly moves the frontier to the start of the next one.
+        let capacity = self.chunks.capacity();
+        let (mut chunk, mut offset) = (state.tail_chunk, state.tail_offset);
+        let mut entries = Vec::with_capacity(records.len());
+        let mut writes: Vec<Write> = Vec::new();
+        for r in &records {
+            let len = (r.stored.1 - r.stored.0) as u64;
+            if offset + len > capacity {
+                chunk += 1;
+                offset = 0;
+            }
+            if chunk >= MAX_CHUNKS && len > 0 {
+                return Err(Error::LimitExceeded {
+                    what: "chunk count",
+                    limit: MAX_CHUNKS,
+                    requested: chunk + 1,
+                });
+            }
+            entries.push(RecordLoc {
+                offset: offset as u32,
+                phys_length: len as u32,
+                logic_length: (r.src.1 - r.src.0) as u32,
+                chunk_id: chunk.min(MAX_CHUNKS - 1) as u16,
+                codec: r.codec as u8,
+                reserved: 0,
+            });
+            push_write(&mut writes, Write { chunk, offset, buf: r.buf, range: r.stored });
+            offset += len;
+            if offset == capacity {
+                chunk += 1;
+                offset = 0;
+            }
+        }
+
+        self.failpoints.hit("append:before-data").map_err(Error::invalid)?;
+        let touched: BTreeSet<u64> = writes.iter().map(|w| w.chunk).collect();
+        for &id in &touched {
+            self.chunks.get_or_create(id)?;
+        }
+        let total: usize = writes.iter().map(|w| w.range.1 - w.range.0).sum();
+        run_sharded(&mut writes, total, |block: &mut [Write]| -> Result<()> {
+            for w in block.iter() {
+                self.chunks.get(w.chunk)?.write(w.offset, bytes_of(w.buf, w.range))?;
+            }
+            Ok(())
+        })?;
+        state.dirty_chunks.extend(touched);
+        self.failpoints.hit("append:before-table").map_err(Error::invalid)?;
+        self.write_entries(first, &entries)?;
+        state.dirty_table = true;
+        self.failpoints.hit("append:before-publish").map_err(Error::invalid)?;
+        state.tail_chunk = chunk;
+        state.tail_offset = offset;
+        self.len.publish((first + n) as u32);
+        Ok(first)
+    }
+
+    /// Compresses every record, in parallel shards, each into its shard's output buffer.
+    /// Records that do not shrink (and every record of a raw append) stay in the caller's buffer.
+    fn encode(
+        &self,
+        src: &[u8],
+        ranges: &[(usize, usize)],
+        codec: Codec,
+    ) -> Result<(Vec<Pending>, Vec<Vec<u8>>)> {
+        let mut records: Vec<Pending> = ranges
+            .iter()
+            .enumerate()
+            .map(|(index, &r)| Pending {
+                index,
+                src: r,
+                codec: Codec::Raw,
+                buf: Buf::Caller,
+                stored: r,
+            })
+            .collect();
+        if codec == Codec::Raw {
+            return Ok((records, Vec::new()));
+        }
+        let dict = self.dictionary();
+        // Each shard files its buffer under its first record's index; compression is the costly
+        // part, so the shard count is driven by a generous byte estimate.
+        let outputs = Mutex::new(Vec::<(usize, Vec<u8>)>::new());
+        run_sharded(&mut records, src.len() * 8, |block: &mut [Pending]| -> Result<()> {
+            let mut encoder = Encoder::new(dict);
+            let mut out = Vec::new();
+            for r in block.iter_mut() {
+                let start = out.len();
+                r.codec = encoder
+                    .encode(codec, &src[r.src.0..r.src.1], &mut out)
+                    .map_err(|e| Error::invalid(format!("compression failed: {e}")))?;
+                if r.codec != Codec::Raw {
+                    r.stored = (start, out.len());
+                }
+            }
+            let key = block.first().map_or(0, |r| r.index);
+            outputs.lock().unwrap_or_else(|e| e.into_inner()).push((key, out));
+            Ok(())
+        })?;
+        let mut outputs = outputs.into_inner().unwrap_or_else(|e| e.into_inner());
+        outputs.sort_by_key(|(key, _)| *key);
+        // A record belongs to the last shard whose first index is not past it.
+        let mut shard = 0;
+        for r in records.iter_mut() {
+            while shard + 1 < outputs.len() && outputs[shard + 1].0 <= r.index {
+                shard += 1;
+            }
+            if r.codec != Codec::Raw {
+                r.buf = Buf::Shard(shard);
+            }
+        }
+        Ok((records, outputs.into_iter().map(|(_, b)| b).collect()))
+    }
+}
+
+fn record_limit(requested: u64) -> Error {
+    Error::LimitExceeded { what: "record count", limit: MAX_RECORDS, requested }
+}
+
+/// Adds a write, merging it into the previous one when both the chunk range and the source
+/// bytes continue it (the usual case: a raw batch, or one shard's output, within one chunk).
+fn push_write(writes: &mut Vec<Write>, w: Write) {
+    if w.range.0 == w.range.1 {
+        return;
+    }
+    if let Some(last) = writes.last_mut() {
+        let len = (last.range.1 - last.range.0) as u64;
+        if last.chunk == w.chunk
+            && last.offset + len == w.offset
+            && last.buf == w.buf
+            && last.range.1 == w.range.0
+        {
+            last.range.1 = w.range.1;
+            return;
+        }
+    }
+    writes.push(w);
+}
+
+/// Checks `offsets` against a buffer of `len` bytes and turns them into byte ranges.
+fn record_ranges(len: usize, offsets: &[u64]) -> Result<Vec<(usize, usize)>> {
+    let mut ranges = Vec::with_capacity(offsets.len());
+    for (i, &start) in offsets.iter().enumerate() {
+        let end = offsets.get(i + 1).copied().unwrap_or(len as u64);
+        if start > end || end > len as u64 {
+            return Err(Error::invalid(format!(
+                "offsets must be non-decreasing and within the {len}-byte source: record {i} \
+                 would span {start}..{end}"
+            )));
+        }
+        let size = end - start;
+        if size > MAX_RECORD_BYTES {
+            return Err(Error::LimitExceeded {
+                what: "record size (bytes)",
+                limit: MAX_RECORD_BYTES,
+                requested: size,
+            });
+        }
+        ranges.push((start as usize, end as usize));
+    }
+    Ok(ranges)
+}

@@ -1,0 +1,160 @@
+//! The chunk files `0.zr`, `1.zr`, ... of a store.
+//!
+//! Each chunk is opened on first use and mapped read-only at its full capacity; reads are
+//! slices of that map, checked against the file's size, and writes are positional (`pwrite`), so
+//! a full disk is an `ENOSPC` error rather than a SIGBUS. Files grow with their data: nothing is
+//! preallocated (see docs/FORMAT.md).
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::error::{Error, Result};
+use crate::format::{chunk_file_name, MAX_CHUNKS};
+use crate::mapped::{ChunkMap, Slots};
+
+/// One open chunk file.
+pub struct Chunk {
+    path: PathBuf,
+    file: File,
+    map: ChunkMap,
+    /// A lower bound of the file's size: grown by our writes, refreshed from the OS on a miss.
+    size: AtomicU64,
+    capacity: u64,
+}
+
+impl Chunk {
+    /// `len` stored bytes at `offset`, or a corruption error if they lie past the file's end.
+    pub fn read(&self, offset: u64, len: u64) -> Result<&[u8]> {
+        let end = offset + len;
+        if end > self.capacity {
+            return Err(Error::corrupt(
+                &self.path,
+                format!("range {offset}..{end} runs past the chunk capacity {}", self.capacity),
+            ));
+        }
+        if end > self.size.load(Ordering::Acquire) {
+            let now = self.file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
+            self.size.fetch_max(now.min(self.capacity), Ordering::AcqRel);
+            if end > now {
+                return Err(Error::corrupt(
+                    &self.path,
+                    format!("range {offset}..{end} runs past the end of the file ({now} bytes)"),
+                ));
+            }
+        }
+        Ok(self.map.bytes(offset, len as usize))
+    }
+
+    /// Writes `data` at `offset`.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.file.write_all_at(data, offset).map_err(|e| Error::io(&self.path, e))?;
+        self.size.fetch_max(offset + data.len() as u64, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// `fdatasync` of the file.
+    pub fn sync(&self) -> Result<()> {
+        self.file.sync_data().map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// Shrinks the file to `len` bytes (after compaction).
+    pub fn truncate(&self, len: u64) -> Result<()> {
+        self.file.set_len(len).map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+/// The chunk files of one store, reachable without a lock once opened.
+pub struct ChunkSet {
+    dir: PathBuf,
+    slots: Slots<Chunk>,
+    opening: Mutex<()>,
+    capacity: u64,
+    writable: bool,
+}
+
+impl ChunkSet {
+    /// The chunks of the store in `dir`, each `capacity` bytes at most.
+    pub fn new(dir: &Path, capacity: u64, writable: bool) -> Self {
+        ChunkSet {
+            dir: dir.to_path_buf(),
+            slots: Slots::new(MAX_CHUNKS as usize),
+            opening: Mutex::new(()),
+            capacity,
+            writable,
+        }
+    }
+
+    /// Capacity of one chunk.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Path of chunk `id`.
+    pub fn path(&self, id: u64) -> PathBuf {
+        self.dir.join(chunk_file_name(id))
+    }
+
+    /// Chunk `id`, opened if needed; a missing file is corruption.
+    pub fn get(&self, id: u64) -> Result<&Chunk> {
+        match self.slots.get(id as usize) {
+            Some(c) => Ok(c),
+            None => self.open(id, false),
+        }
+    }
+
+    /// Chunk `id`, created if it does not exist yet (writers only).
+    pub fn get_or_create(&self, id: u64) -> Result<&Chunk> {
+        match self.slots.get(id as usize) {
+            Some(c) => Ok(c),
+            None => self.open(id, true),
+        }
+    }
+
+    fn open(&self, id: u64, create: bool) -> Result<&Chunk> {
+        if id >= MAX_CHUNKS {
+            return Err(Error::invalid(format!(
+                "chunk id {id} is past the {MAX_CHUNKS}-chunk limit"
+            )));
+        }
+        let _guard = self.opening.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = self.slots.get(id as usize) {
+            return Ok(c);
+        }
+        let path = self.path(id);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(self.writable)
+            .create(create && self.writable)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Error::corrupt(&path, "chunk file is missing"),
+                _ => Error::io(&path, e),
+            })?;
+        let size = file.metadata().map_err(|e| Error::io(&path, e))?.len();
+        let map = ChunkMap::new(&file, self.capacity).map_err(|e| Error::io(&path, e))?;
+        let chunk = Chunk {
+            path,
+            file,
+            map,
+            size: AtomicU64::new(size.min(self.capacity)),
+            capacity: self.capacity,
+        };
+        Ok(self.slots.insert(id as usize, chunk))
+    }
+
+    /// Forgets chunk `id` and deletes its file, if any (compaction, past the new frontier).
+    pub fn remove(&self, id: u64) -> Result<bool> {
+        let _guard = self.opening.lock().unwrap_or_else(|e| e.into_inner());
+        self.slots.clear(id as usize);
+        let path = self.path(id);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(Error::io(&path, e)),
+        }
+    }
+}

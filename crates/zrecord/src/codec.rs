@@ -1,0 +1,141 @@
+//! Per-record compression: plain zstd at level 3, and zstd at level 19 against the store's
+//! trained dictionary. Contexts are created once per shard and reused across its records; the
+//! prepared dictionaries are immutable and shared by every shard.
+
+use std::io;
+
+use zstd::bulk::{Compressor, Decompressor};
+use zstd::dict::{DecoderDictionary, EncoderDictionary};
+
+use crate::format::Codec;
+
+/// zstd level of the plain codec.
+pub const ZSTD_LEVEL: i32 = 3;
+/// zstd level of the dictionary codec.
+pub const ZSTD_DICT_LEVEL: i32 = 19;
+
+/// A trained dictionary, prepared once for both directions.
+pub struct Dictionary {
+    raw: Vec<u8>,
+    encoder: EncoderDictionary<'static>,
+    decoder: DecoderDictionary<'static>,
+}
+
+impl Dictionary {
+    /// Prepares the raw bytes of `dict.zr`.
+    pub fn new(raw: Vec<u8>) -> Self {
+        let encoder = EncoderDictionary::copy(&raw, ZSTD_DICT_LEVEL);
+        let decoder = DecoderDictionary::copy(&raw);
+        Dictionary { raw, encoder, decoder }
+    }
+
+    /// The bytes as stored in `dict.zr`.
+    pub fn raw(&self) -> &[u8] {
+        &self.raw
+    }
+}
+
+/// Trains a dictionary of at most `max_size` bytes on `samples`, the concatenation of samples
+/// whose sizes are `sizes`.
+pub fn train(samples: &[u8], sizes: &[usize], max_size: usize) -> io::Result<Vec<u8>> {
+    zstd::dict::from_continuous(samples, sizes, max_size)
+}
+
+/// One shard's compression contexts and scratch space.
+pub struct Encoder<'d> {
+    plain: Option<Compressor<'d>>,
+    with_dict: Option<Compressor<'d>>,
+    dict: Option<&'d Dictionary>,
+    scratch: Vec<u8>,
+}
+
+impl<'d> Encoder<'d> {
+    /// Contexts are made on first use.
+    pub fn new(dict: Option<&'d Dictionary>) -> Self {
+        Encoder { plain: None, with_dict: None, dict, scratch: Vec::new() }
+    }
+
+    /// Compresses `src` and appends the frame to `out` if that makes the record smaller.
+    /// Returns the codec the record is stored with: `codec` when it shrank, [`Codec::Raw`]
+    /// otherwise (nothing appended).
+    pub fn encode(&mut self, codec: Codec, src: &[u8], out: &mut Vec<u8>) -> io::Result<Codec> {
+        if codec == Codec::Raw || src.len() < 2 {
+            return Ok(Codec::Raw);
+        }
+        let ctx = match codec {
+            Codec::Zstd => match &mut self.plain {
+                Some(c) => c,
+                slot => slot.insert(Compressor::new(ZSTD_LEVEL)?),
+            },
+            _ => match &mut self.with_dict {
+                Some(c) => c,
+                slot => {
+                    let dict = self.dict.ok_or_else(|| io::Error::other("no dictionary"))?;
+                    slot.insert(Compressor::with_prepared_dictionary(&dict.encoder)?)
+                }
+            },
+        };
+        // zstd gets one byte less room than the input: output that would not shrink the record
+        // is unwanted, and zstd then reports "destination too small" instead of writing it.
+        let room = src.len() - 1;
+        if self.scratch.len() < room {
+            self.scratch.resize(room, 0);
+        }
+        match ctx.compress_to_buffer(src, &mut self.scratch[..room]) {
+            Ok(n) => {
+                out.extend_from_slice(&self.scratch[..n]);
+                Ok(codec)
+            }
+            Err(_) => Ok(Codec::Raw),
+        }
+    }
+}
+
+/// One shard's decompression contexts.
+pub struct Decoder<'d> {
+    plain: Option<Decompressor<'d>>,
+    with_dict: Option<Decompressor<'d>>,
+    dict: Option<&'d Dictionary>,
+}
+
+impl<'d> Decoder<'d> {
+    /// Contexts are made on first use.
+    pub fn new(dict: Option<&'d Dictionary>) -> Self {
+        Decoder { plain: None, with_dict: None, dict }
+    }
+
+    /// Decompresses one frame straight into `dst`, which must come out exactly full. `Ok(false)`
+    /// means a `zstd_dict` frame with no dictionary to read it.
+    pub fn decode(&mut self, codec: Codec, src: &[u8], dst: &mut [u8]) -> io::Result<bool> {
+        let ctx = match codec {
+            Codec::Raw => {
+                if src.len() != dst.len() {
+                    return Err(io::Error::other(
+                        "raw record with differing stored and logical sizes",
+                    ));
+                }
+                dst.copy_from_slice(src);
+                return Ok(true);
+            }
+            Codec::Zstd => match &mut self.plain {
+                Some(c) => c,
+                slot => slot.insert(Decompressor::new()?),
+            },
+            Codec::ZstdDict => match &mut self.with_dict {
+                Some(c) => c,
+                slot => match self.dict {
+                    None => return Ok(false),
+                    Some(d) => slot.insert(Decompressor::with_prepared_dictionary(&d.decoder)?),
+                },
+            },
+        };
+        let n = ctx.decompress_to_buffer(src, dst)?;
+        if n != dst.len() {
+            return Err(io::Error::other(format!(
+                "frame decoded to {n} bytes, the table says {}",
+                dst.len()
+            )));
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,242 @@
+//! `compact`: reclaim the bytes of deleted records by repacking the live records in place.
+//!
+//! Records are visited in physical order (chunk, offset) and packed densely from the start of
+//! chunk 0, so none moves to a higher address and a write never lands on a record not yet moved:
+//! no copy of the store is needed. Records already in place are skipped.
+//!
+//! A record's new place may overlap its old one (whenever less garbage than the record's size
+//! lies before it), so a record is never copied straight to its new place. Moves go in batches,
+//! each through a staging area past the append frontier: (1) copy the batch to staging, sync,
+//! point its entries there, sync, and advance the header's frontier past the staging area;
+//! (2) copy the batch to its final places, sync, point the entries there, sync. At every instant
+//! each durable entry points at durable, intact bytes, so a compaction interrupted at any point
+//! (error, kill or power loss) leaves a store with the same records, and running `compact` again
+//! finishes the job.
+
+use std::collections::BTreeSet;
+
+use crate::error::{Error, Result};
+use crate::format::{chunk_file_name, RecordLoc, MAX_CHUNKS};
+use crate::store::{Store, WriterState};
+
+/// Most bytes moved per batch (each batch costs four syncs).
+const BATCH_BYTES: u64 = 64 << 20;
+
+/// What a compaction did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactReport {
+    /// Distinct stored records moved.
+    pub moved: u64,
+    /// Records already in place.
+    pub skipped: u64,
+    /// Chunk bytes below the frontier before and after.
+    pub chunk_bytes_before: u64,
+    /// See `chunk_bytes_before`.
+    pub chunk_bytes_after: u64,
+    /// Chunk files deleted.
+    pub chunks_removed: u64,
+}
+
+/// One stored record to move, and every table entry that points at it (more than one only after
+/// a crash in the middle of a delete).
+struct Move {
+    indices: Vec<u64>,
+    old: RecordLoc,
+    dest: (u64, u64),
+}
+
+/// A batch of moves with their bytes and staging places.
+#[derive(Default)]
+struct Batch {
+    moves: Vec<(Move, (u64, u64))>,
+    bytes: Vec<u8>,
+}
+
+impl Store {
+    /// Repacks the live records; see the module docs. Needs exclusive access.
+    pub fn compact(&self) -> Result<CompactReport> {
+        let _guard = self.activity.exclusive("compact")?;
+        let mut state = self.lock_writer();
+        self.ensure_writer(&mut state)?;
+        let capacity = self.chunks.capacity();
+        let len = self.len();
+        let mut live: Vec<(u64, RecordLoc)> = (0..len).map(|i| (i, self.meta.entry(i))).collect();
+        live.sort_by_key(|(_, e)| (e.chunk_id, e.offset, e.phys_length));
+        self.check_layout(&live, (state.tail_chunk, state.tail_offset))?;
+
+        let old_tail = (state.tail_chunk, state.tail_offset);
+        let mut report = CompactReport {
+            chunk_bytes_before: old_tail.0 * capacity + old_tail.1,
+            ..Default::default()
+        };
+        // Plan: pack in physical order from (0, 0), with the append rules for chunk ends.
+        let mut moves = Vec::new();
+        let (mut chunk, mut offset) = (0u64, 0u64);
+        let mut i = 0;
+        while i < live.len() {
+            let old = live[i].1;
+            let end = i + live[i..].iter().take_while(|(_, e)| same_bytes(e, &old)).count();
+            let size = u64::from(old.phys_length);
+            if offset + size > capacity {
+                (chunk, offset) = (chunk + 1, 0);
+            }
+            let here = (u64::from(old.chunk_id), u64::from(old.offset));
+            if size == 0 || (chunk, offset) == here {
+                report.skipped += 1;
+            } else {
+                if (chunk, offset) > here {
+                    return Err(Error::corrupt(
+                        &self.meta_path,
+                        format!("record {} would move up during compaction", live[i].0),
+                    ));
+                }
+                let indices = live[i..end].iter().map(|(idx, _)| *idx).collect();
+                moves.push(Move { indices, old, dest: (chunk, offset) });
+            }
+            offset += size;
+            if offset == capacity {
+                (chunk, offset) = (chunk + 1, 0);
+            }
+            i = end;
+        }
+        report.moved = moves.len() as u64;
+
+        let mut batch = Batch::default();
+        let mut stage = old_tail;
+        for m in moves {
+            let size = u64::from(m.old.phys_length);
+            if !batch.moves.is_empty() && batch.bytes.len() as u64 + size > BATCH_BYTES {
+                self.move_batch(std::mem::take(&mut batch), &mut state)?;
+                stage = old_tail;
+            }
+            if stage.1 + size > capacity {
+                stage = (stage.0 + 1, 0);
+            }
+            if stage.0 >= MAX_CHUNKS {
+                return Err(Error::LimitExceeded {
+                    what: "chunk count (compaction staging)",
+                    limit: MAX_CHUNKS,
+                    requested: stage.0 + 1,
+                });
+            }
+            let bytes =
+                self.chunks.get(u64::from(m.old.chunk_id))?.read(u64::from(m.old.offset), size)?;
+            batch.bytes.extend_from_slice(bytes);
+            batch.moves.push((m, stage));
+            stage.1 += size;
+            if stage.1 == capacity {
+                stage = (stage.0 + 1, 0);
+            }
+        }
+        if !batch.moves.is_empty() {
+            self.move_batch(batch, &mut state)?;
+        }
+
+        self.failpoints.hit("compact:before-header").map_err(Error::invalid)?;
+        state.tail_chunk = chunk;
+        state.tail_offset = offset;
+        state.dirty_table = true;
+        self.sync_locked(&mut state)?;
+        // Only now that the header names the new frontier may the space past it go, including
+        // staging chunks left behind by an earlier, interrupted run.
+        let mut id = chunk + 1;
+        while id < MAX_CHUNKS
+            && (id <= old_tail.0 + 1 || self.dir.join(chunk_file_name(id)).exists())
+        {
+            report.chunks_removed += u64::from(self.chunks.remove(id)?);
+            id += 1;
+        }
+        if let Ok(c) = self.chunks.get(chunk) {
+            c.truncate(offset)?;
+        }
+        report.chunk_bytes_after = chunk * capacity + offset;
+        Ok(report)
+    }
+
+    /// Moves one batch through staging; see the module docs for the order of steps.
+    fn move_batch(&self, batch: Batch, state: &mut WriterState) -> Result<()> {
+        let mut at = 0usize;
+        let mut staged = BTreeSet::new();
+        let mut stage_end = (state.tail_chunk, state.tail_offset);
+        for (m, stage) in &batch.moves {
+            let size = m.old.phys_length as usize;
+            self.chunks.get_or_create(stage.0)?.write(stage.1, &batch.bytes[at..at + size])?;
+            staged.insert(stage.0);
+            stage_end = stage_end.max((stage.0, stage.1 + size as u64));
+            at += size;
+        }
+        self.failpoints.hit("compact:staged").map_err(Error::invalid)?;
+        self.repoint(&staged, batch.moves.iter().map(|(m, s)| (m, *s)))?;
+        if stage_end > (state.tail_chunk, state.tail_offset) {
+            // Appends must not reuse the staging area while entries point into it.
+            (state.tail_chunk, state.tail_offset) = stage_end;
+            self.sync_locked(state)?;
+        }
+        let mut at = 0usize;
+        let mut placed = BTreeSet::new();
+        for (m, _) in &batch.moves {
+            let size = m.old.phys_length as usize;
+            self.chunks.get_or_create(m.dest.0)?.write(m.dest.1, &batch.bytes[at..at + size])?;
+            placed.insert(m.dest.0);
+            at += size;
+            self.failpoints.hit("compact:move").map_err(Error::invalid)?;
+        }
+        self.repoint(&placed, batch.moves.iter().map(|(m, _)| (m, m.dest)))
+    }
+
+    /// Syncs the chunks just written, then points each move's entries at its new place and
+    /// syncs the table.
+    fn repoint<'m>(
+        &self,
+        written: &BTreeSet<u64>,
+        places: impl Iterator<Item = (&'m Move, (u64, u64))>,
+    ) -> Result<()> {
+        for &id in written {
+            self.chunks.get(id)?.sync()?;
+        }
+        for (m, (chunk, offset)) in places {
+            let loc = RecordLoc { chunk_id: chunk as u16, offset: offset as u32, ..m.old };
+            for &idx in &m.indices {
+                self.write_entries(idx, &[loc])?;
+            }
+        }
+        self.meta_file.sync_data().map_err(|e| Error::io(&self.meta_path, e))
+    }
+
+    /// Refuses to compact a table whose records overlap (other than exact duplicates), lie past
+    /// the frontier, or point outside their chunk files: moving them could destroy data.
+    fn check_layout(&self, live: &[(u64, RecordLoc)], tail: (u64, u64)) -> Result<()> {
+        let mut prev: Option<&(u64, RecordLoc)> = None;
+        for item in live {
+            let (idx, e) = item;
+            if e.phys_length == 0 {
+                continue;
+            }
+            let (chunk, offset, size) =
+                (u64::from(e.chunk_id), u64::from(e.offset), u64::from(e.phys_length));
+            self.chunks.get(chunk)?.read(offset, size)?;
+            if chunk > tail.0 || (chunk == tail.0 && offset + size > tail.1) {
+                return Err(Error::corrupt(
+                    &self.meta_path,
+                    format!("record {idx} lies past the append frontier {tail:?}"),
+                ));
+            }
+            if let Some((pidx, p)) = prev {
+                let overlaps = p.chunk_id == e.chunk_id
+                    && offset < u64::from(p.offset) + u64::from(p.phys_length);
+                if overlaps && !same_bytes(p, e) {
+                    return Err(Error::corrupt(
+                        &self.meta_path,
+                        format!("records {pidx} and {idx} overlap in chunk {chunk}"),
+                    ));
+                }
+            }
+            prev = Some(item);
+        }
+        Ok(())
+    }
+}
+
+fn same_bytes(a: &RecordLoc, b: &RecordLoc) -> bool {
+    (a.chunk_id, a.offset, a.phys_length) == (b.chunk_id, b.offset, b.phys_length)
+}

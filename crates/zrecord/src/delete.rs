@@ -1,0 +1,43 @@
+//! `delete`: swap the last live entry into each hole, in descending index order, so the live
+//! records stay exactly `0..len`. Needs exclusive access; the freed bytes become garbage for
+//! `compact`.
+
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+impl Store {
+    /// Deletes the records at `indices` (duplicates are deleted once). The indices of other
+    /// records may change: the record at the end moves into each hole. Durable on return.
+    pub fn delete(&self, indices: &[u64]) -> Result<()> {
+        let _guard = self.activity.exclusive("delete")?;
+        let mut state = self.lock_writer();
+        self.ensure_writer(&mut state)?;
+        let len = self.len();
+        if let Some(&index) = indices.iter().find(|&&i| i >= len) {
+            return Err(Error::IndexOutOfRange { index, len });
+        }
+        let mut targets = indices.to_vec();
+        targets.sort_unstable_by(|a, b| b.cmp(a));
+        targets.dedup();
+        // Descending order: each swap pulls from the current last slot, which no later (smaller)
+        // target can name.
+        let mut live = len;
+        let mut result = Ok(());
+        for &hole in &targets {
+            let last = live - 1;
+            if hole != last {
+                let moved = self.meta.entry(last);
+                if let Err(e) = self.write_entries(hole, &[moved]) {
+                    result = Err(e);
+                    break;
+                }
+            }
+            live -= 1;
+        }
+        state.dirty_table = true;
+        // Publish what was done, even after an error: every entry below `live` is valid.
+        self.len.publish(live as u32);
+        result?;
+        self.sync_locked(&mut state)
+    }
+}

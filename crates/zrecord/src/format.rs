@@ -1,0 +1,179 @@
+//! The on-disk layout of a store, as `docs/FORMAT.md` defines it.
+//!
+//! `meta.zr` is a 16-byte [`Header`] followed by [`MAX_RECORDS`] [`RecordLoc`] entries, all
+//! little-endian and used in place over an mmap. Chunk files `N.zr` hold record bytes; `dict.zr`
+//! holds a raw zstd dictionary. This module only describes bytes; it performs no I/O.
+
+use bytemuck::{Pod, Zeroable};
+
+/// Magic bytes at the start of `meta.zr`.
+pub const MAGIC: [u8; 4] = *b"ZREC";
+/// The format version this engine reads and writes.
+pub const VERSION: u16 = 3;
+/// Largest logical size of one record: 1 MiB.
+pub const MAX_RECORD_BYTES: u64 = 1 << 20;
+/// Most chunk files a store may have.
+pub const MAX_CHUNKS: u64 = 1 << 12;
+/// Capacity of one chunk file: 4 GiB.
+pub const CHUNK_CAPACITY: u64 = 1 << 32;
+/// Most records a store may hold; the record table is sized for exactly this many.
+pub const MAX_RECORDS: u64 = MAX_CHUNKS * CHUNK_CAPACITY / MAX_RECORD_BYTES;
+/// Size of the header at the start of `meta.zr`.
+pub const HEADER_BYTES: u64 = 16;
+/// Size of one record table entry.
+pub const ENTRY_BYTES: u64 = 16;
+/// Fixed size of `meta.zr`: the header plus a full table. The file is sparse.
+pub const META_BYTES: u64 = HEADER_BYTES + MAX_RECORDS * ENTRY_BYTES;
+
+/// File names inside a store directory.
+pub const META_FILE: &str = "meta.zr";
+/// Name of the dictionary file.
+pub const DICT_FILE: &str = "dict.zr";
+
+/// Name of chunk file `id`.
+pub fn chunk_file_name(id: u64) -> String {
+    format!("{id}.zr")
+}
+
+// The static table size rests on this equality: the store runs out of record slots exactly when
+// it could run out of chunk space, so neither limit can be hit "early" by the other.
+const _: () = assert!(MAX_RECORDS == 1 << 24);
+const _: () = assert!(std::mem::size_of::<Header>() == HEADER_BYTES as usize);
+const _: () = assert!(std::mem::size_of::<RecordLoc>() == ENTRY_BYTES as usize);
+const _: () = assert!(std::mem::align_of::<RecordLoc>() <= 16);
+const _: () = assert!(std::mem::offset_of!(Header, length) == 12);
+
+/// ## Format
+/// Bytes 0..16 of `meta.zr`: `magic[4] | version u16 | tail_chunk u16 | tail_offset u32 | length u32`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct Header {
+    /// Always [`MAGIC`].
+    pub magic: [u8; 4],
+    /// Always [`VERSION`].
+    pub version: u16,
+    /// Chunk holding the append frontier.
+    pub tail_chunk: u16,
+    /// Next free byte in `tail_chunk`.
+    pub tail_offset: u32,
+    /// Number of live records; every entry below it is live.
+    pub length: u32,
+}
+
+impl Header {
+    /// The header of a new, empty store.
+    pub fn empty() -> Self {
+        Header { magic: MAGIC, version: VERSION, tail_chunk: 0, tail_offset: 0, length: 0 }
+    }
+}
+
+/// ## Format
+/// One 16-byte table entry: `offset u32 | phys_length u32 | logic_length u32 | chunk_id u16 |
+/// codec u8 | reserved u8`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct RecordLoc {
+    /// Byte offset of the stored bytes in the chunk.
+    pub offset: u32,
+    /// Stored (possibly compressed) size.
+    pub phys_length: u32,
+    /// Original size, what a gather returns.
+    pub logic_length: u32,
+    /// Chunk file holding the bytes.
+    pub chunk_id: u16,
+    /// [`Codec`] tag.
+    pub codec: u8,
+    /// Always written as zero; ignored on read.
+    pub reserved: u8,
+}
+
+/// How one record's bytes are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Codec {
+    /// Stored as given.
+    Raw = 0,
+    /// One zstd frame, level 3, no dictionary.
+    Zstd = 1,
+    /// One zstd frame, level 19, compressed against the store's `dict.zr`.
+    ZstdDict = 2,
+}
+
+impl Codec {
+    /// The codec for an on-disk tag, if it is one.
+    pub fn from_tag(tag: u8) -> Option<Codec> {
+        match tag {
+            0 => Some(Codec::Raw),
+            1 => Some(Codec::Zstd),
+            2 => Some(Codec::ZstdDict),
+            _ => None,
+        }
+    }
+
+    /// The codec named by the Python API: `raw`, `zstd`, `zstd_dict` (also `zstdict`).
+    pub fn from_name(name: &str) -> Option<Codec> {
+        match name {
+            "raw" | "none" => Some(Codec::Raw),
+            "zstd" => Some(Codec::Zstd),
+            "zstd_dict" | "zstdict" => Some(Codec::ZstdDict),
+            _ => None,
+        }
+    }
+
+    /// The canonical name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Raw => "raw",
+            Codec::Zstd => "zstd",
+            Codec::ZstdDict => "zstd_dict",
+        }
+    }
+}
+
+/// Byte offset of table entry `index` inside `meta.zr`.
+pub fn entry_position(index: u64) -> u64 {
+    HEADER_BYTES + index * ENTRY_BYTES
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_bytes_are_little_endian_in_field_order() {
+        let h = Header {
+            magic: MAGIC,
+            version: 3,
+            tail_chunk: 0x0102,
+            tail_offset: 0x0304_0506,
+            length: 7,
+        };
+        let bytes = bytemuck::bytes_of(&h);
+        assert_eq!(bytes, b"ZREC\x03\x00\x02\x01\x06\x05\x04\x03\x07\x00\x00\x00");
+    }
+
+    #[test]
+    fn entry_bytes_are_little_endian_in_field_order() {
+        let e = RecordLoc {
+            offset: 1,
+            phys_length: 2,
+            logic_length: 3,
+            chunk_id: 4,
+            codec: 2,
+            reserved: 0,
+        };
+        assert_eq!(
+            bytemuck::bytes_of(&e),
+            b"\x01\x00\x00\x00\x02\x00\x00\x00\x03\x00\x00\x00\x04\x00\x02\x00"
+        );
+    }
+
+    #[test]
+    fn codec_names_round_trip() {
+        for c in [Codec::Raw, Codec::Zstd, Codec::ZstdDict] {
+            assert_eq!(Codec::from_name(c.name()), Some(c));
+            assert_eq!(Codec::from_tag(c as u8), Some(c));
+        }
+        assert_eq!(Codec::from_tag(3), None);
+        assert_eq!(Codec::from_name("lz4"), None);
+    }
+}

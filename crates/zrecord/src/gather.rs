@@ -1,0 +1,168 @@
+//! `gather` and `lengths`: the read path. Lock-free: it loads the published length once, reads
+//! table entries by value and copies or decompresses each record straight into its slice of the
+//! caller's destination, sharded across the pool in contiguous blocks.
+
+use crate::codec::Decoder;
+use crate::error::{Error, Result};
+use crate::format::{Codec, RecordLoc, MAX_RECORD_BYTES};
+use crate::pool::run_sharded;
+use crate::store::Store;
+
+/// One record to read: its index, its table entry and where it goes.
+struct Slot<'d> {
+    index: u64,
+    loc: RecordLoc,
+    dst: &'d mut [u8],
+}
+
+impl Store {
+    /// Reads record `indices[i]` into `dst[dst_offsets[i]..][..its length]` for every `i`.
+    /// Destination ranges must lie inside `dst` and must not overlap; a refused call writes
+    /// nothing. On a corrupt record the error names it; other records may have been written.
+    pub fn gather(&self, indices: &[u64], dst: &mut [u8], dst_offsets: &[u64]) -> Result<()> {
+        let _guard = self.activity.shared("gather")?;
+        if indices.len() != dst_offsets.len() {
+            return Err(Error::invalid(format!(
+                "{} indices but {} destination offsets",
+                indices.len(),
+                dst_offsets.len()
+            )));
+        }
+        let len = self.len();
+        let mut locs = Vec::with_capacity(indices.len());
+        for &index in indices {
+            if index >= len {
+                return Err(Error::IndexOutOfRange { index, len });
+            }
+            locs.push(self.meta.entry(index));
+        }
+        let mut slots = split_destination(&self.meta_path, dst, indices, &locs, dst_offsets)?;
+        let total: usize = slots.iter().map(|s| s.dst.len()).sum();
+        let dict = self.dictionary();
+        run_sharded(&mut slots, total, |block: &mut [Slot<'_>]| -> Result<()> {
+            let mut decoder = Decoder::new(dict);
+            for s in block.iter_mut() {
+                self.read_record(s.index, &s.loc, s.dst, &mut decoder)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Logical length of each record.
+    pub fn lengths(&self, indices: &[u64]) -> Result<Vec<u32>> {
+        let _guard = self.activity.shared("lengths")?;
+        let len = self.len();
+        indices
+            .iter()
+            .map(|&index| {
+                if index >= len {
+                    return Err(Error::IndexOutOfRange { index, len });
+                }
+                Ok(self.meta.entry(index).logic_length)
+            })
+            .collect()
+    }
+
+    /// Copies or decodes one record into `dst`, checking its entry against the store first.
+    fn read_record(
+        &self,
+        index: u64,
+        loc: &RecordLoc,
+        dst: &mut [u8],
+        dec: &mut Decoder,
+    ) -> Result<()> {
+        let chunk_path = || self.chunks.path(u64::from(loc.chunk_id));
+        let codec = Codec::from_tag(loc.codec).ok_or_else(|| {
+            Error::corrupt(
+                &self.meta_path,
+                format!("record {index} has unknown codec tag {}", loc.codec),
+            )
+        })?;
+        if loc.phys_length == 0 && loc.logic_length == 0 {
+            return Ok(());
+        }
+        let chunk = self.chunks.get(u64::from(loc.chunk_id)).map_err(|e| match e {
+            Error::Corrupt { path, detail } => {
+                Error::corrupt(path, format!("{detail} (needed by record {index})"))
+            }
+            other => other,
+        })?;
+        let stored =
+            chunk.read(u64::from(loc.offset), u64::from(loc.phys_length)).map_err(|e| match e {
+                Error::Corrupt { path, detail } => {
+                    Error::corrupt(path, format!("record {index}: {detail}"))
+                }
+                other => other,
+            })?;
+        match dec.decode(codec, stored, dst) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::MissingDictionary { path: self.dir.clone() }),
+            Err(e) => Err(Error::corrupt(chunk_path(), format!("record {index}: {e}"))),
+        }
+    }
+}
+
+/// Cuts `dst` into one disjoint mutable slice per record, refusing ranges that overflow `dst` or
+/// overlap each other. Sorting the ranges by start makes disjointness a check on neighbours and
+/// lets plain `split_at_mut` hand out the slices, with no unsafe code.
+fn split_destination<'d>(
+    meta_path: &std::path::Path,
+    dst: &'d mut [u8],
+    indices: &[u64],
+    locs: &[RecordLoc],
+    offsets: &[u64],
+) -> Result<Vec<Slot<'d>>> {
+    let dst_len = dst.len() as u64;
+    for (i, loc) in locs.iter().enumerate() {
+        let size = u64::from(loc.logic_length);
+        if size > MAX_RECORD_BYTES {
+            return Err(Error::corrupt(
+                meta_path,
+                format!("record {} claims {size} bytes, over the 1 MiB limit", indices[i]),
+            ));
+        }
+        let end = offsets[i].checked_add(size).unwrap_or(u64::MAX);
+        if end > dst_len {
+            return Err(Error::invalid(format!(
+                "destination too small: record {} needs bytes {}..{end} but the destination \
+                 has {dst_len}",
+                indices[i], offsets[i]
+            )));
+        }
+    }
+    let mut order: Vec<usize> = (0..locs.len()).collect();
+    if !offsets.windows(2).all(|w| w[0] <= w[1]) {
+        order.sort_by_key(|&i| offsets[i]);
+    }
+    let mut pieces: Vec<Option<&'d mut [u8]>> = (0..locs.len()).map(|_| None).collect();
+    let mut rest = dst;
+    let mut consumed = 0u64;
+    let mut prev_end: Option<(usize, u64)> = None;
+    for &i in &order {
+        let (start, size) = (offsets[i], u64::from(locs[i].logic_length));
+        if size == 0 {
+            pieces[i] = Some(Default::default());
+            continue;
+        }
+        if let Some((j, end)) = prev_end {
+            if start < end {
+                return Err(Error::invalid(format!(
+                    "destination ranges overlap: record {} at {start} starts inside record {} \
+                     (ends at {end})",
+                    indices[i], indices[j]
+                )));
+            }
+        }
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut((start - consumed) as usize);
+        let (mine, after) = tail.split_at_mut(size as usize);
+        pieces[i] = Some(mine);
+        rest = after;
+        consumed = start + size;
+        prev_end = Some((i, start + size));
+    }
+    Ok(pieces
+        .into_iter()
+        .zip(indices.iter().zip(locs))
+        .map(|(p, (&index, &loc))| Slot { index, loc, dst: p.unwrap_or_default() })
+        .collect())
+}

@@ -1,0 +1,36 @@
+//! `zrecord`: the persistent record store under loaderx.
+//!
+//! A store is a directory holding `meta.zr` (a 16-byte header and a fixed table of 2^24
+//! 16-byte record locations, used in place over an mmap), chunk files `0.zr`, `1.zr`, ... with the
+//! record bytes, and optionally `dict.zr`, a zstd dictionary. `docs/FORMAT.md` is the normative
+//! layout and `docs/DESIGN.md` the executor, concurrency and crash model.
+//!
+//! Records are byte strings addressed by a dense index `0..len`. Every operation is a batch:
+//! [`Store::append`], [`Store::gather`], [`Store::lengths`], [`Store::delete`],
+//! [`Store::compact`]. This crate has no Python in it; `crates/loaderx-py` binds it.
+
+#[cfg(target_endian = "big")]
+compile_error!(
+    "zrecord stores are little-endian and used in place: big-endian hosts are not supported"
+);
+
+mod access;
+mod append;
+pub mod ceiling;
+mod chunks;
+mod codec;
+mod compact;
+mod delete;
+mod error;
+pub mod failpoint;
+pub mod format;
+mod gather;
+mod mapped;
+pub mod pool;
+pub mod published;
+mod store;
+
+pub use compact::CompactReport;
+pub use error::{Error, Result};
+pub use format::Codec;
+pub use store::{Options, Stats, Store};

@@ -1,0 +1,115 @@
+//! The persistent worker pool that shards a batch across cores.
+//!
+//! One rayon pool per process, built on first use. A forked child inherits the parent's pool
+//! object but none of its threads, so the pool remembers the pid that built it and a child
+//! builds its own on first use (the parent's is leaked: dropping it would wait on threads that
+//! do not exist). No thread is ever created per call.
+//!
+//! The size comes from `LOADERX_NUM_THREADS` when set, else from the available parallelism;
+//! [`set_num_threads`] changes it for later calls (the Python layer uses this to avoid
+//! oversubscribing the cores together with its own prefetch threads).
+
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+use rayon::prelude::*;
+use rayon::{ThreadPool, ThreadPoolBuilder};
+
+struct PoolSlot {
+    pid: u32,
+    threads: usize,
+    pool: Option<ThreadPool>,
+}
+
+static SLOT: AtomicPtr<PoolSlot> = AtomicPtr::new(std::ptr::null_mut());
+static WANTED_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Batches smaller than this many bytes are not worth waking another thread for.
+pub const MIN_SHARD_BYTES: usize = 96 * 1024;
+
+fn default_threads() -> usize {
+    std::env::var("LOADERX_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+}
+
+/// Number of threads batches are split across (1 means every call runs inline).
+pub fn num_threads() -> usize {
+    match WANTED_THREADS.load(Ordering::Relaxed) {
+        0 => default_threads(),
+        n => n,
+    }
+}
+
+/// Sets the number of threads for later calls; 0 restores the default.
+pub fn set_num_threads(n: usize) {
+    WANTED_THREADS.store(n, Ordering::Relaxed);
+}
+
+fn current_pool() -> Option<&'static ThreadPool> {
+    let pid = std::process::id();
+    let threads = num_threads();
+    if threads <= 1 {
+        return None;
+    }
+    let cur = SLOT.load(Ordering::Acquire);
+    if !cur.is_null() {
+        // Slots are leaked boxes: never freed, so a reference to one is 'static.
+        let slot: &'static PoolSlot = leak_ref(cur);
+        if slot.pid == pid && slot.threads == threads {
+            return slot.pool.as_ref();
+        }
+    }
+    // First use in this process (or a changed size): build and install. A thread that loses the
+    // race uses the winner's pool; its own is dropped here, in the process that built it.
+    let pool = ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("loaderx-{i}"))
+        .build()
+        .ok();
+    let fresh = Box::into_raw(Box::new(PoolSlot { pid, threads, pool }));
+    match SLOT.compare_exchange(cur, fresh, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => leak_ref(fresh).pool.as_ref(),
+        Err(winner) => {
+            drop(reclaim(fresh));
+            let slot = leak_ref(winner);
+            (slot.pid == pid).then_some(()).and(slot.pool.as_ref())
+        }
+    }
+}
+
+fn leak_ref(p: *mut PoolSlot) -> &'static PoolSlot {
+    // SAFETY: every pointer stored in SLOT comes from Box::into_raw and is never freed once
+    // installed, so it is valid for 'static.
+    unsafe { &*p }
+}
+
+fn reclaim(p: *mut PoolSlot) -> Box<PoolSlot> {
+    // SAFETY: `p` came from Box::into_raw in this call and lost the install race, so nothing
+    // else can see it.
+    unsafe { Box::from_raw(p) }
+}
+
+/// Splits `items` into at most [`num_threads`] contiguous blocks and runs `work` on each, in
+/// parallel when `total_bytes` makes it worthwhile, else inline on the calling thread. Returns
+/// the first error any block reported.
+pub fn run_sharded<T, E, F>(items: &mut [T], total_bytes: usize, work: F) -> Result<(), E>
+where
+    T: Send,
+    E: Send,
+    F: Fn(&mut [T]) -> Result<(), E> + Sync,
+{
+    let by_bytes = total_bytes / MIN_SHARD_BYTES;
+    let shards = num_threads().min(items.len()).min(by_bytes.max(1));
+    if shards <= 1 {
+        return work(items);
+    }
+    match current_pool() {
+        None => work(items),
+        Some(pool) => {
+            let per = items.len().div_ceil(shards);
+            pool.install(|| items.par_chunks_mut(per).try_for_each(&work))
+        }
+    }
+}

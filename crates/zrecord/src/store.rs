@@ -1,0 +1,420 @@
+//! A store handle: opening and creating, the writer's state, durability (`sync`), statistics and
+//! the dictionary. The batch operations live beside it: `append.rs`, `gather.rs`, `delete.rs`,
+//! `compact.rs`.
+//!
+//! ## Visibility and durability
+//! Appended records are visible to every thread of this handle as soon as `append` returns (the
+//! in-memory length is published atomically). The length in `meta.zr`'s header, which other
+//! processes and later opens read, is advanced only by [`Store::sync`] (and `close`), after the
+//! chunk data and the table entries are on disk, so a crash of any kind leaves a header whose
+//! records are all intact.
+
+use std::collections::BTreeSet;
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use crate::access::{Activity, WriterLock};
+use crate::chunks::ChunkSet;
+use crate::codec::Dictionary;
+use crate::error::{Error, Result};
+use crate::failpoint::Failpoints;
+use crate::format::{
+    Codec, Header, RecordLoc, CHUNK_CAPACITY, DICT_FILE, MAGIC, MAX_CHUNKS, MAX_RECORDS,
+    META_BYTES, META_FILE, VERSION,
+};
+use crate::mapped::MetaMap;
+use crate::published::PublishedLen;
+
+/// How to open a store.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Codec of appends that do not name one.
+    pub codec: Codec,
+    /// Capacity of one chunk. Always [`CHUNK_CAPACITY`] outside tests; a smaller value lets a
+    /// test roll chunks over without writing gigabytes.
+    pub chunk_capacity: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { codec: Codec::Zstd, chunk_capacity: CHUNK_CAPACITY }
+    }
+}
+
+/// Space accounting returned by [`Store::stats`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Live records.
+    pub records: u64,
+    /// Stored bytes of the live records.
+    pub live_bytes: u64,
+    /// Logical (decoded) bytes of the live records.
+    pub logical_bytes: u64,
+    /// Chunk address space below the append frontier.
+    pub chunk_bytes: u64,
+    /// `chunk_bytes - live_bytes`: an upper bound of what `compact` can free.
+    pub reclaimable: u64,
+    /// Live records stored compressed (codec other than raw).
+    pub compressed_records: u64,
+    /// Chunk files the store spans (0 for an empty store).
+    pub chunks: u64,
+}
+
+/// The append frontier and what `sync` still owes the disk. Guarded by the writer mutex.
+pub(crate) struct WriterState {
+    pub tail_chunk: u64,
+    pub tail_offset: u64,
+    pub lock: Option<WriterLock>,
+    /// Chunks written since the last sync.
+    pub dirty_chunks: BTreeSet<u64>,
+    /// Table entries written since the last sync.
+    pub dirty_table: bool,
+}
+
+/// An open store. Share it between threads behind an `Arc`: every method takes `&self`.
+pub struct Store {
+    pub(crate) dir: PathBuf,
+    pub(crate) meta_path: PathBuf,
+    pub(crate) meta_file: File,
+    pub(crate) meta: MetaMap,
+    pub(crate) len: PublishedLen,
+    pub(crate) chunks: ChunkSet,
+    pub(crate) dict: OnceLock<Arc<Dictionary>>,
+    pub(crate) writer: Mutex<WriterState>,
+    pub(crate) activity: Activity,
+    pub(crate) writable: bool,
+    pub(crate) default_codec: Codec,
+    pub(crate) failpoints: Failpoints,
+}
+
+impl Store {
+    /// Opens the store in `dir`, creating the directory and an empty store if there is none.
+    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store> {
+        let dir = dir.as_ref().to_path_buf();
+        if options.chunk_capacity == 0 || options.chunk_capacity > CHUNK_CAPACITY {
+            return Err(Error::invalid(format!(
+                "chunk capacity must be in 1..={CHUNK_CAPACITY}, got {}",
+                options.chunk_capacity
+            )));
+        }
+        match std::fs::metadata(&dir) {
+            Ok(m) if !m.is_dir() => {
+                return Err(Error::io(&dir, std::io::Error::from(ErrorKind::NotADirectory)))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?
+            }
+            Err(e) => return Err(Error::io(&dir, e)),
+        }
+        let meta_path = dir.join(META_FILE);
+        if !meta_path.exists() {
+            create_meta(&dir, &meta_path)?;
+        }
+        let (meta_file, writable) = open_meta(&meta_path)?;
+        let size = meta_file.metadata().map_err(|e| Error::io(&meta_path, e))?.len();
+        if size != META_BYTES {
+            return Err(Error::corrupt(
+                &meta_path,
+                format!("meta.zr is {size} bytes, a store's is always {META_BYTES}"),
+            ));
+        }
+        let meta = MetaMap::new(&meta_file, writable).map_err(|e| Error::io(&meta_path, e))?;
+        let header = meta.header();
+        check_header(&header, &meta_path, options.chunk_capacity)?;
+        let store = Store {
+            chunks: ChunkSet::new(&dir, options.chunk_capacity, writable),
+            len: PublishedLen::new(header.length),
+            writer: Mutex::new(WriterState {
+                tail_chunk: u64::from(header.tail_chunk),
+                tail_offset: u64::from(header.tail_offset),
+                lock: None,
+                dirty_chunks: BTreeSet::new(),
+                dirty_table: false,
+            }),
+            dict: OnceLock::new(),
+            activity: Activity::default(),
+            default_codec: options.codec,
+            failpoints: Failpoints::default(),
+            dir,
+            meta_path,
+            meta_file,
+            meta,
+            writable,
+        };
+        store.load_dict()?;
+        Ok(store)
+    }
+
+    /// The store directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Number of live records.
+    pub fn len(&self) -> u64 {
+        u64::from(self.len.get())
+    }
+
+    /// Whether the store holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Codec used by appends that do not name one.
+    pub fn default_codec(&self) -> Codec {
+        self.default_codec
+    }
+
+    /// Size of the loaded dictionary in bytes, if the store has one.
+    pub fn dict_size(&self) -> Option<usize> {
+        self.dict.get().map(|d| d.raw().len())
+    }
+
+    /// Whether a dictionary (`dict.zr`) is loaded.
+    pub fn has_dict(&self) -> bool {
+        self.dict.get().is_some()
+    }
+
+    /// The failpoints of this handle (tests only).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn failpoints(&self) -> &Failpoints {
+        &self.failpoints
+    }
+
+    /// Table entry `index`, bounds-checked against the published length.
+    pub fn entry(&self, index: u64) -> Result<RecordLoc> {
+        let len = self.len();
+        if index >= len {
+            return Err(Error::IndexOutOfRange { index, len });
+        }
+        Ok(self.meta.entry(index))
+    }
+
+    pub(crate) fn lock_writer(&self) -> MutexGuard<'_, WriterState> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the writer lock for this handle if it does not hold it yet.
+    pub(crate) fn ensure_writer(&self, state: &mut WriterState) -> Result<()> {
+        if !self.writable {
+            return Err(Error::io(
+                &self.meta_path,
+                std::io::Error::new(ErrorKind::PermissionDenied, "store is open read-only"),
+            ));
+        }
+        match &state.lock {
+            Some(lock) => lock.check_pid(),
+            None => {
+                state.lock = Some(WriterLock::acquire(&self.meta_file, &self.meta_path)?);
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes table entries starting at `first` with one positional write. The pages are backed
+    /// by the write itself, so a full disk is an error here, never a SIGBUS later.
+    pub(crate) fn write_entries(&self, first: u64, entries: &[RecordLoc]) -> Result<()> {
+        let at = crate::format::entry_position(first);
+        self.meta_file
+            .write_all_at(bytemuck::cast_slice(entries), at)
+            .map_err(|e| Error::io(&self.meta_path, e))
+    }
+
+    /// Makes everything appended so far durable and visible to other processes: chunk data,
+    /// then table entries, then the header (tail and length), each synced before the next.
+    pub fn sync(&self) -> Result<()> {
+        let mut state = self.lock_writer();
+        self.sync_locked(&mut state)
+    }
+
+    pub(crate) fn sync_locked(&self, state: &mut WriterState) -> Result<()> {
+        match &state.lock {
+            None => return Ok(()),           // never wrote: nothing to make durable
+            Some(lock) => lock.check_pid()?, // a forked child must not rewrite the header
+        }
+        let len = self.len.get();
+        let header = self.meta.header();
+        let header_current = header.length == len
+            && u64::from(header.tail_chunk) == state.tail_chunk
+            && u64::from(header.tail_offset) == state.tail_offset;
+        if state.dirty_chunks.is_empty() && !state.dirty_table && header_current {
+            return Ok(());
+        }
+        for &id in &state.dirty_chunks {
+            self.chunks.get(id)?.sync()?;
+        }
+        state.dirty_chunks.clear();
+        if state.dirty_table {
+            self.meta_file.sync_data().map_err(|e| Error::io(&self.meta_path, e))?;
+            state.dirty_table = false;
+        }
+        self.failpoints.hit("sync:before-header").map_err(Error::invalid)?;
+        self.meta.store_tail_and_length(state.tail_chunk as u16, state.tail_offset as u32, len);
+        self.meta.flush_header().map_err(|e| Error::io(&self.meta_path, e))?;
+        self.meta_file.sync_data().map_err(|e| Error::io(&self.meta_path, e))
+    }
+
+    /// Syncs what this handle wrote. The handle stays usable; dropping it syncs too, ignoring
+    /// errors, so call this to see them.
+    pub fn close(&self) -> Result<()> {
+        self.sync()
+    }
+
+    /// Record count and space accounting. Reads every live table entry: O(records).
+    pub fn stats(&self) -> Result<Stats> {
+        let _guard = self.activity.shared("stats")?;
+        let (tail_chunk, tail_offset) = {
+            let s = self.lock_writer();
+            (s.tail_chunk, s.tail_offset)
+        };
+        let len = self.len();
+        let mut st = Stats { records: len, ..Stats::default() };
+        for i in 0..len {
+            let e = self.meta.entry(i);
+            st.live_bytes += u64::from(e.phys_length);
+            st.logical_bytes += u64::from(e.logic_length);
+            st.compressed_records += u64::from(e.codec != Codec::Raw as u8);
+        }
+        st.chunk_bytes = tail_chunk * self.chunks.capacity() + tail_offset;
+        st.reclaimable = st.chunk_bytes.saturating_sub(st.live_bytes);
+        st.chunks = if st.chunk_bytes == 0 { 0 } else { tail_chunk + u64::from(tail_offset > 0) };
+        Ok(st)
+    }
+
+    fn load_dict(&self) -> Result<()> {
+        let path = self.dir.join(DICT_FILE);
+        match std::fs::read(&path) {
+            Ok(raw) => {
+                let _ = self.dict.set(Arc::new(Dictionary::new(raw)));
+                Ok(())
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io(&path, e)),
+        }
+    }
+
+    pub(crate) fn dictionary(&self) -> Option<&Dictionary> {
+        self.dict.get().map(|d| &**d)
+    }
+
+    /// Trains a dictionary of at most `target` bytes on `samples` (the concatenation of samples
+    /// of the given `sizes`), writes it to `dict.zr` and loads it. Returns its size. A store has
+    /// one dictionary for life: training again is refused, since records already compressed
+    /// against the first one could no longer be read.
+    pub fn train_dict(&self, samples: &[u8], sizes: &[usize], target: usize) -> Result<usize> {
+        let _guard = self.activity.shared("train_dict")?;
+        let mut state = self.lock_writer();
+        self.ensure_writer(&mut state)?;
+        if self.has_dict() {
+            return Err(Error::invalid(format!(
+                "store {} already has a dictionary; it cannot be replaced",
+                self.dir.display()
+            )));
+        }
+        let total: usize = sizes.iter().sum();
+        if total != samples.len() {
+            return Err(Error::invalid(format!(
+                "sample sizes add up to {total} bytes but {} bytes of samples were given",
+                samples.len()
+            )));
+        }
+        if target == 0 {
+            return Err(Error::invalid("dictionary target size must be positive"));
+        }
+        let raw = crate::codec::train(samples, sizes, target)
+            .map_err(|e| Error::invalid(format!("dictionary training failed: {e}")))?;
+        let path = self.dir.join(DICT_FILE);
+        write_durably(&self.dir, &path, &raw)?;
+        let size = raw.len();
+        let _ = self.dict.set(Arc::new(Dictionary::new(raw)));
+        Ok(size)
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = self.sync();
+    }
+}
+
+fn check_header(h: &Header, path: &Path, capacity: u64) -> Result<()> {
+    if h.magic != MAGIC {
+        return Err(Error::corrupt(path, format!("bad magic {:?}: not a zrecord store", h.magic)));
+    }
+    if h.version != VERSION {
+        return Err(Error::corrupt(
+            path,
+            format!("format version {} is not supported (this build reads {VERSION})", h.version),
+        ));
+    }
+    if u64::from(h.length) > MAX_RECORDS {
+        return Err(Error::corrupt(path, format!("length {} exceeds {MAX_RECORDS}", h.length)));
+    }
+    let tail_chunk = u64::from(h.tail_chunk);
+    let full = tail_chunk == MAX_CHUNKS && h.tail_offset == 0;
+    if !full && (tail_chunk >= MAX_CHUNKS || u64::from(h.tail_offset) >= capacity) {
+        return Err(Error::corrupt(
+            path,
+            format!("append frontier ({}, {}) is out of range", h.tail_chunk, h.tail_offset),
+        ));
+    }
+    Ok(())
+}
+
+fn open_meta(path: &Path) -> Result<(File, bool)> {
+    match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => Ok((f, true)),
+        Err(e)
+            if e.kind() == ErrorKind::PermissionDenied
+                || e.kind() == ErrorKind::ReadOnlyFilesystem =>
+        {
+            let f = File::open(path).map_err(|e| Error::io(path, e))?;
+            Ok((f, false))
+        }
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// Creates `meta.zr` atomically: a sparse file with an empty header is built under a temporary
+/// name and linked into place, so a concurrent creator or a crash never leaves a half-made one.
+fn create_meta(dir: &Path, meta_path: &Path) -> Result<()> {
+    let tmp = dir.join(format!(".meta.zr.{}.tmp", std::process::id()));
+    let build = || -> std::io::Result<()> {
+        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp)?;
+        f.set_len(META_BYTES)?;
+        f.write_all_at(bytemuck::bytes_of(&Header::empty()), 0)?;
+        f.sync_all()
+    };
+    let result = build().and_then(|()| match std::fs::hard_link(&tmp, meta_path) {
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()), // another creator won
+        other => other,
+    });
+    let _ = std::fs::remove_file(&tmp);
+    result.map_err(|e| Error::io(meta_path, e))?;
+    sync_dir(dir)
+}
+
+/// Writes `data` to `path` through a temporary file, fsyncs it, renames it into place and
+/// fsyncs the directory.
+pub(crate) fn write_durably(dir: &Path, path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        f.write_all_at(data, 0)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::io(path, e));
+    }
+    sync_dir(dir)
+}
+
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))
+}
