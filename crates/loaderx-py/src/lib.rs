@@ -1,1 +1,54 @@
+//! `loaderx._native`: the compiled half of the loaderx package. It only converts arguments,
+//! releases the GIL around engine calls and maps errors; the engines are `zrecord` and
+//! `zsampler`, the user-facing API is the Python package.
 
+use pyo3::prelude::*;
+
+mod buffers;
+mod errors;
+mod store;
+
+/// Sets the number of threads batch operations are split across (0: the default).
+#[pyfunction]
+fn set_num_threads(n: usize) {
+    zrecord::pool::set_num_threads(n);
+}
+
+/// Number of threads batch operations are split across.
+#[pyfunction]
+fn num_threads() -> usize {
+    zrecord::pool::num_threads()
+}
+
+/// Benchmark ceiling: copies fixed-size records at `idxs` from an in-memory `src` into `dst`
+/// on the same pool and with the same sharding as a gather.
+#[pyfunction]
+fn copy_records(
+    py: Python<'_>,
+    src: pyo3::buffer::PyBuffer<u8>,
+    record: usize,
+    idxs: pyo3::buffer::PyBuffer<u64>,
+    dst: pyo3::buffer::PyBuffer<u8>,
+) -> PyResult<()> {
+    let idxs = idxs.to_vec(py)?;
+    let src = buffers::bytes(&src, "src")?;
+    let dst = buffers::bytes_mut(&dst, "destination")?;
+    let fits = idxs.iter().all(|&i| (i as usize + 1) * record <= src.len());
+    if !fits || dst.len() < idxs.len() * record {
+        return Err(pyo3::exceptions::PyValueError::new_err("index or destination out of range"));
+    }
+    py.detach(|| zrecord::ceiling::copy_records(src, record, &idxs, dst));
+    Ok(())
+}
+
+#[pymodule(gil_used = false)]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<store::PyStore>()?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(copy_records, m)?)?;
+    m.add("FORMAT_VERSION", zrecord::format::VERSION)?;
+    m.add("MAX_RECORDS", zrecord::format::MAX_RECORDS)?;
+    m.add("MAX_RECORD_BYTES", zrecord::format::MAX_RECORD_BYTES)?;
+    Ok(())
+}

@@ -102,7 +102,7 @@ impl Store {
         }
         match std::fs::metadata(&dir) {
             Ok(m) if !m.is_dir() => {
-                return Err(Error::io(&dir, std::io::Error::from(ErrorKind::NotADirectory)))
+                return Err(Error::io(&dir, std::io::Error::from_raw_os_error(libc::ENOTDIR)))
             }
             Ok(_) => {}
             Err(e) if e.kind() == ErrorKind::NotFound => {

@@ -1,0 +1,174 @@
+//! `loaderx._native.Zrecord`: the store handle. Arguments arrive as buffers already checked and
+//! converted by `loaderx/zrecord.py`; this file converts them to slices, releases the GIL
+//! around every engine call and maps errors.
+
+use std::sync::{Arc, Mutex};
+
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use zrecord::{Codec, Error, Options, Store};
+
+use crate::buffers::{bytes, bytes_mut};
+use crate::errors::IntoPyResult;
+
+fn codec(name: &str) -> PyResult<Codec> {
+    Codec::from_name(name).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "unknown codec {name:?}: expected one of 'raw', 'zstd', 'zstd_dict'"
+        ))
+    })
+}
+
+/// A zrecord store handle.
+#[pyclass(name = "Zrecord", module = "loaderx._native", frozen)]
+pub struct PyStore {
+    store: Mutex<Option<Arc<Store>>>,
+    path: String,
+}
+
+impl PyStore {
+    fn get(&self) -> PyResult<Arc<Store>> {
+        let guard = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        guard.clone().ok_or(Error::Closed).py()
+    }
+}
+
+#[pymethods]
+impl PyStore {
+    #[new]
+    #[pyo3(signature = (path, codec_name = "zstd", chunk_capacity = None))]
+    fn new(py: Python<'_>, path: String, codec_name: &str, chunk_capacity: Option<u64>) -> PyResult<Self> {
+        let mut options = Options { codec: codec(codec_name)?, ..Options::default() };
+        if let Some(c) = chunk_capacity {
+            options.chunk_capacity = c;
+        }
+        let p = path.clone();
+        let store = py.detach(move || Store::open(p, options)).py()?;
+        Ok(PyStore { store: Mutex::new(Some(Arc::new(store))), path })
+    }
+
+    #[getter]
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    #[getter]
+    fn codec(&self) -> PyResult<&'static str> {
+        Ok(self.get()?.default_codec().name())
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.store.lock().unwrap_or_else(|e| e.into_inner()).is_none()
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        Ok(self.get()?.len() as usize)
+    }
+
+    #[pyo3(signature = (src, offsets, codec_name = None))]
+    fn append(
+        &self,
+        py: Python<'_>,
+        src: PyBuffer<u8>,
+        offsets: PyBuffer<u64>,
+        codec_name: Option<&str>,
+    ) -> PyResult<u64> {
+        let store = self.get()?;
+        let codec = codec_name.map(codec).transpose()?;
+        let offsets = offsets.to_vec(py)?;
+        let src = bytes(&src, "src")?;
+        py.detach(|| store.append(src, &offsets, codec)).py()
+    }
+
+    fn gather(
+        &self,
+        py: Python<'_>,
+        idxs: PyBuffer<u64>,
+        dst: PyBuffer<u8>,
+        offsets: PyBuffer<u64>,
+    ) -> PyResult<()> {
+        let store = self.get()?;
+        let idxs = idxs.to_vec(py)?;
+        let offsets = offsets.to_vec(py)?;
+        let dst = bytes_mut(&dst, "destination")?;
+        py.detach(|| store.gather(&idxs, dst, &offsets)).py()
+    }
+
+    fn lengths_into(&self, py: Python<'_>, idxs: PyBuffer<u64>, out: PyBuffer<u32>) -> PyResult<()> {
+        let store = self.get()?;
+        let idxs = idxs.to_vec(py)?;
+        if out.item_count() != idxs.len() || out.readonly() || !out.is_c_contiguous() {
+            return Err(PyValueError::new_err("out must be a writable uint32 array of len(idxs)"));
+        }
+        let lens = py.detach(|| store.lengths(&idxs)).py()?;
+        out.copy_from_slice(py, &lens)
+    }
+
+    fn delete(&self, py: Python<'_>, idxs: PyBuffer<u64>) -> PyResult<()> {
+        let store = self.get()?;
+        let idxs = idxs.to_vec(py)?;
+        py.detach(|| store.delete(&idxs)).py()
+    }
+
+    fn compact<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let store = self.get()?;
+        let r = py.detach(|| store.compact()).py()?;
+        let d = PyDict::new(py);
+        d.set_item("moved", r.moved)?;
+        d.set_item("skipped", r.skipped)?;
+        d.set_item("chunk_bytes_before", r.chunk_bytes_before)?;
+        d.set_item("chunk_bytes_after", r.chunk_bytes_after)?;
+        d.set_item("chunks_removed", r.chunks_removed)?;
+        Ok(d)
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let store = self.get()?;
+        let s = py.detach(|| store.stats()).py()?;
+        let d = PyDict::new(py);
+        d.set_item("records", s.records)?;
+        d.set_item("live_bytes", s.live_bytes)?;
+        d.set_item("chunk_bytes", s.chunk_bytes)?;
+        d.set_item("reclaimable", s.reclaimable)?;
+        d.set_item("logical_bytes", s.logical_bytes)?;
+        d.set_item("compressed_records", s.compressed_records)?;
+        d.set_item("chunks", s.chunks)?;
+        d.set_item("dict_bytes", store.dict_size().unwrap_or(0))?;
+        Ok(d)
+    }
+
+    fn sync(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.get()?;
+        py.detach(|| store.sync()).py()
+    }
+
+    fn train_dict(
+        &self,
+        py: Python<'_>,
+        samples: PyBuffer<u8>,
+        sizes: PyBuffer<u64>,
+        target: usize,
+    ) -> PyResult<usize> {
+        let store = self.get()?;
+        let sizes: Vec<usize> = sizes.to_vec(py)?.into_iter().map(|s| s as usize).collect();
+        let samples = bytes(&samples, "samples")?;
+        py.detach(|| store.train_dict(samples, &sizes, target)).py()
+    }
+
+    fn has_dict(&self) -> PyResult<bool> {
+        Ok(self.get()?.has_dict())
+    }
+
+    /// Syncs and releases the handle; calls still in flight finish first on their own
+    /// reference. Closing twice is a no-op.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let taken = self.store.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match taken {
+            None => Ok(()),
+            Some(store) => py.detach(move || store.close()).py(),
+        }
+    }
+}

@@ -1,0 +1,166 @@
+"""Zrecord: the persistent record store, as raw byte records.
+
+A store is a directory of byte records addressed by a dense index ``0..len``. Every operation
+is a batch: append packs many records into one buffer, gather reads many records straight into
+one destination array, with the GIL released and the work split across cores.
+
+>>> import numpy as np, tempfile
+>>> from loaderx.zrecord import Zrecord
+>>> with Zrecord(tempfile.mkdtemp() + "/store") as z:
+...     first = z.append(b"hello" + b"world!", offsets=[0, 5])
+...     dst = np.zeros(11, dtype=np.uint8)
+...     z.gather([1, 0], dst, offsets=[0, 6])
+...     bytes(dst)
+b'world!hello'
+
+Appended records are visible to every thread using the handle as soon as ``append`` returns;
+``sync()`` (or ``close()``) makes them durable and visible to other processes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from loaderx import _native
+from loaderx._convert import as_indices, as_offsets, destination_bytes, source_bytes
+from loaderx.errors import ZrecordValueError
+
+__all__ = ["Zrecord", "CODECS", "MAX_RECORDS", "MAX_RECORD_BYTES"]
+
+#: Codec names accepted by :class:`Zrecord` and :meth:`Zrecord.append`.
+CODECS = ("raw", "zstd", "zstd_dict")
+#: Most records one store holds.
+MAX_RECORDS: int = _native.MAX_RECORDS
+#: Largest record, in bytes.
+MAX_RECORD_BYTES: int = _native.MAX_RECORD_BYTES
+
+
+def _codec(codec: Any) -> str:
+    if not isinstance(codec, str) or codec not in CODECS + ("zstdict",):
+        raise ZrecordValueError(f"unknown codec {codec!r}: expected one of {', '.join(CODECS)}")
+    return codec
+
+
+class Zrecord:
+    """A handle on the store in directory ``path``, created (with missing parent directories)
+    if it does not exist.
+
+    ``codec`` is the default for :meth:`append`: ``"raw"``, ``"zstd"`` (level 3) or
+    ``"zstd_dict"`` (level 19 against the store's trained dictionary). A record that does not
+    shrink is stored raw whatever the codec.
+
+    Handles are safe to share between threads: ``gather`` and ``append`` may run concurrently;
+    ``delete`` and ``compact`` need the store to themselves and raise
+    :class:`~loaderx.errors.StoreBusyError` while other calls are in flight. Only one process
+    (and one handle) may write a store at a time; readers are unlimited.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], codec: str = "zstd", *, _chunk_capacity: int | None = None):
+        self._path = os.fspath(path)
+        self._native = _native.Zrecord(self._path, _codec(codec), _chunk_capacity)
+
+    # -- introspection -------------------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        """The store directory."""
+        return self._path
+
+    @property
+    def codec(self) -> str:
+        """The default codec of :meth:`append`."""
+        return self._native.codec
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._native.closed
+
+    def __len__(self) -> int:
+        return len(self._native)
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"Zrecord({self._path!r}, closed)"
+        return f"Zrecord({self._path!r}, records={len(self)}, codec={self.codec!r})"
+
+    # -- batch operations ----------------------------------------------------------------------
+    def append(self, src: Any, offsets: Any, codec: str | None = None) -> int:
+        """Appends the records packed in ``src`` and returns the index of the first one.
+
+        Record ``i`` is ``src[offsets[i]:offsets[i+1]]``; the last runs to the end of ``src``.
+        ``src`` is any C-contiguous bytes-like object or array (its bytes are used); offsets
+        must be non-decreasing. ``codec`` overrides the handle's default for this call.
+        """
+        return self._native.append(
+            source_bytes(src), as_offsets(offsets), None if codec is None else _codec(codec)
+        )
+
+    def gather(self, idxs: Any, dst: Any, offsets: Any) -> None:
+        """Reads record ``idxs[i]`` into the bytes of ``dst`` starting at byte ``offsets[i]``.
+
+        ``dst`` is any writable C-contiguous array (any dtype; its bytes are filled).
+        Destination ranges must fit in ``dst`` and must not overlap. Compressed records are
+        decompressed straight into ``dst``.
+        """
+        idx = as_indices(idxs)
+        off = as_offsets(offsets, "destination offsets")
+        if len(idx) != len(off):
+            raise ZrecordValueError(f"{len(idx)} indices but {len(off)} destination offsets")
+        self._native.gather(idx, destination_bytes(dst), off)
+
+    def lengths(self, idxs: Any) -> np.ndarray:
+        """The logical length in bytes of each record, as a uint32 array."""
+        idx = as_indices(idxs)
+        out = np.empty(len(idx), dtype=np.uint32)
+        self._native.lengths_into(idx, out)
+        return out
+
+    def delete(self, idxs: Any) -> None:
+        """Deletes records. The last record moves into each hole (swap-tail), so other indices
+        can change; duplicates are deleted once. Durable on return."""
+        self._native.delete(as_indices(idxs))
+
+    def compact(self) -> dict[str, int]:
+        """Repacks the live records in place to reclaim the space of deleted ones. Safe to
+        interrupt and re-run. Returns what it did (``moved``, ``skipped``, ``chunks_removed``,
+        ``chunk_bytes_before``, ``chunk_bytes_after``)."""
+        return self._native.compact()
+
+    def stats(self) -> dict[str, int]:
+        """Space accounting: ``records``, ``live_bytes`` (stored), ``chunk_bytes`` (chunk space
+        below the append frontier), ``reclaimable`` (their difference, an upper bound of what
+        :meth:`compact` frees), plus ``logical_bytes``, ``compressed_records``, ``chunks`` and
+        ``dict_bytes``."""
+        return self._native.stats()
+
+    def sync(self) -> None:
+        """Makes everything appended so far durable and visible to other processes."""
+        self._native.sync()
+
+    def train_dict(self, samples: Any, sizes: Any, target: int) -> int:
+        """Trains the store's zstd dictionary (at most ``target`` bytes) on ``samples``, the
+        concatenation of samples of the given ``sizes``, and saves it as ``dict.zr``. Returns
+        its size. A store's dictionary cannot be replaced once trained."""
+        if not isinstance(target, (int, np.integer)) or target <= 0:
+            raise ZrecordValueError(f"target must be a positive int, got {target!r}")
+        return self._native.train_dict(
+            source_bytes(samples), as_offsets(sizes, "sizes"), int(target)
+        )
+
+    def has_dict(self) -> bool:
+        """Whether the store has a trained dictionary."""
+        return self._native.has_dict()
+
+    def close(self) -> None:
+        """Syncs and closes the handle. Later calls raise
+        :class:`~loaderx.errors.StoreClosedError`; closing twice is harmless."""
+        self._native.close()
+
+    def __enter__(self) -> Zrecord:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
