@@ -12,6 +12,8 @@ import numpy as np
 
 from loaderx.errors import ZrecordIndexError, ZrecordValueError
 
+_U64 = np.dtype(np.uint64)
+
 
 def as_indices(idxs: Any) -> np.ndarray:
     """Record indices as a C-contiguous uint64 array.
@@ -19,6 +21,8 @@ def as_indices(idxs: Any) -> np.ndarray:
     Accepts an int, a sequence of ints or an integer array. Negative, boolean and
     non-integer indices raise :class:`~loaderx.errors.ZrecordIndexError`.
     """
+    if isinstance(idxs, np.ndarray) and idxs.dtype == _U64 and idxs.ndim == 1 and idxs.flags.c_contiguous:
+        return idxs  # the hot path of a loader: nothing to check or convert
     if isinstance(idxs, (bool, np.bool_)):
         raise ZrecordIndexError(f"record indices must be integers, got {idxs!r}")
     if isinstance(idxs, (int, np.integer)):
@@ -41,6 +45,8 @@ def as_indices(idxs: Any) -> np.ndarray:
 
 def as_offsets(offsets: Any, what: str = "offsets") -> np.ndarray:
     """Byte offsets as a C-contiguous uint64 array; negative or non-integer ones are refused."""
+    if isinstance(offsets, np.ndarray) and offsets.dtype == _U64 and offsets.ndim == 1 and offsets.flags.c_contiguous:
+        return offsets
     arr = offsets if isinstance(offsets, np.ndarray) else np.asarray(offsets)
     if arr.size == 0:
         return np.empty(0, dtype=np.uint64)
@@ -52,21 +58,21 @@ def as_offsets(offsets: Any, what: str = "offsets") -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.uint64)
 
 
-def source_bytes(src: Any) -> Any:
+def source_bytes(src: Any, what: str = "src") -> Any:
     """A read-only byte view of ``src`` (bytes, bytearray, memoryview or a C-contiguous array
     of any dtype), without copying."""
     if isinstance(src, np.ndarray):
         if not src.flags.c_contiguous:
-            raise ZrecordValueError("src must be C-contiguous (use np.ascontiguousarray)")
+            raise ZrecordValueError(f"{what} must be C-contiguous (use np.ascontiguousarray)")
         return src.reshape(-1).view(np.uint8)
     try:
         view = memoryview(src)
     except TypeError:
         raise ZrecordValueError(
-            f"src must be bytes-like or a NumPy array, got {type(src).__name__}"
+            f"{what} must be bytes-like or a NumPy array, got {type(src).__name__}"
         ) from None
     if not view.c_contiguous:
-        raise ZrecordValueError("src must be C-contiguous")
+        raise ZrecordValueError(f"{what} must be C-contiguous")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 

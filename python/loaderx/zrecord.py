@@ -147,7 +147,7 @@ class Zrecord:
         if not isinstance(target, (int, np.integer)) or target <= 0:
             raise ZrecordValueError(f"target must be a positive int, got {target!r}")
         return self._native.train_dict(
-            source_bytes(samples), as_offsets(sizes, "sizes"), int(target)
+            source_bytes(samples, "samples"), as_offsets(sizes, "sizes"), int(target)
         )
 
     def has_dict(self) -> bool:

@@ -5,37 +5,38 @@
 //! GIL released. Python code that writes the same memory from another thread at the same time
 //! races with us exactly as it would with any NumPy operation that releases the GIL.
 
-use pyo3::buffer::PyBuffer;
+use pyo3::buffer::{Element, PyBuffer};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-/// A read-only byte view of a C-contiguous buffer.
-pub fn bytes<'b>(buf: &'b PyBuffer<u8>, what: &str) -> PyResult<&'b [u8]> {
+/// A read-only view of a C-contiguous buffer.
+pub fn slice<'b, T: Element>(buf: &'b PyBuffer<T>, what: &str) -> PyResult<&'b [T]> {
     if !buf.is_c_contiguous() {
         return Err(PyValueError::new_err(format!("{what} must be C-contiguous")));
     }
-    if buf.len_bytes() == 0 {
+    if buf.item_count() == 0 {
         return Ok(&[]);
     }
-    // SAFETY: the buffer is C-contiguous and `len_bytes` long, and its export (held by `buf`,
-    // which outlives the returned borrow) keeps the memory alive and unresized.
-    Ok(unsafe { std::slice::from_raw_parts(buf.buf_ptr() as *const u8, buf.len_bytes()) })
+    // SAFETY: `PyBuffer::<T>::get` checked the item type and alignment; the buffer is
+    // C-contiguous, so `item_count` items lie contiguously from `buf_ptr`; its export (held by
+    // `buf`, which outlives the returned borrow) keeps the memory alive and unresized.
+    Ok(unsafe { std::slice::from_raw_parts(buf.buf_ptr() as *const T, buf.item_count()) })
 }
 
-/// A writable byte view of a C-contiguous, writable buffer.
+/// A writable view of a C-contiguous, writable buffer.
 #[allow(clippy::mut_from_ref)] // the memory belongs to the Python object, not to `buf`
-pub fn bytes_mut<'b>(buf: &'b PyBuffer<u8>, what: &str) -> PyResult<&'b mut [u8]> {
+pub fn slice_mut<'b, T: Element>(buf: &'b PyBuffer<T>, what: &str) -> PyResult<&'b mut [T]> {
     if buf.readonly() {
         return Err(PyValueError::new_err(format!("{what} is read-only")));
     }
     if !buf.is_c_contiguous() {
         return Err(PyValueError::new_err(format!("{what} must be C-contiguous")));
     }
-    if buf.len_bytes() == 0 {
+    if buf.item_count() == 0 {
         return Ok(&mut []);
     }
-    // SAFETY: as in `bytes`, plus the exporter reported the buffer writable. Callers copy every
+    // SAFETY: as in `slice`, plus the exporter reported the buffer writable. Callers copy every
     // other argument out of Python memory before taking this view, so no Rust reference aliases
     // it.
-    Ok(unsafe { std::slice::from_raw_parts_mut(buf.buf_ptr() as *mut u8, buf.len_bytes()) })
+    Ok(unsafe { std::slice::from_raw_parts_mut(buf.buf_ptr() as *mut T, buf.item_count()) })
 }

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 mod buffers;
 mod errors;
+mod sampler;
 mod store;
 
 /// Sets the number of threads batch operations are split across (0: the default).
@@ -31,8 +32,8 @@ fn copy_records(
     dst: pyo3::buffer::PyBuffer<u8>,
 ) -> PyResult<()> {
     let idxs = idxs.to_vec(py)?;
-    let src = buffers::bytes(&src, "src")?;
-    let dst = buffers::bytes_mut(&dst, "destination")?;
+    let src = buffers::slice(&src, "src")?;
+    let dst = buffers::slice_mut(&dst, "destination")?;
     let fits = idxs.iter().all(|&i| (i as usize + 1) * record <= src.len());
     if !fits || dst.len() < idxs.len() * record {
         return Err(pyo3::exceptions::PyValueError::new_err("index or destination out of range"));
@@ -44,6 +45,7 @@ fn copy_records(
 #[pymodule(gil_used = false)]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyStore>()?;
+    sampler::register(m)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(copy_records, m)?)?;

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use zrecord::{Codec, Error, Options, Store};
 
-use crate::buffers::{bytes, bytes_mut};
+use crate::buffers::{slice, slice_mut};
 use crate::errors::IntoPyResult;
 
 fn codec(name: &str) -> PyResult<Codec> {
@@ -39,7 +39,12 @@ impl PyStore {
 impl PyStore {
     #[new]
     #[pyo3(signature = (path, codec_name = "zstd", chunk_capacity = None))]
-    fn new(py: Python<'_>, path: String, codec_name: &str, chunk_capacity: Option<u64>) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        path: String,
+        codec_name: &str,
+        chunk_capacity: Option<u64>,
+    ) -> PyResult<Self> {
         let mut options = Options { codec: codec(codec_name)?, ..Options::default() };
         if let Some(c) = chunk_capacity {
             options.chunk_capacity = c;
@@ -79,7 +84,7 @@ impl PyStore {
         let store = self.get()?;
         let codec = codec_name.map(codec).transpose()?;
         let offsets = offsets.to_vec(py)?;
-        let src = bytes(&src, "src")?;
+        let src = slice(&src, "src")?;
         py.detach(|| store.append(src, &offsets, codec)).py()
     }
 
@@ -93,11 +98,16 @@ impl PyStore {
         let store = self.get()?;
         let idxs = idxs.to_vec(py)?;
         let offsets = offsets.to_vec(py)?;
-        let dst = bytes_mut(&dst, "destination")?;
+        let dst = slice_mut(&dst, "destination")?;
         py.detach(|| store.gather(&idxs, dst, &offsets)).py()
     }
 
-    fn lengths_into(&self, py: Python<'_>, idxs: PyBuffer<u64>, out: PyBuffer<u32>) -> PyResult<()> {
+    fn lengths_into(
+        &self,
+        py: Python<'_>,
+        idxs: PyBuffer<u64>,
+        out: PyBuffer<u32>,
+    ) -> PyResult<()> {
         let store = self.get()?;
         let idxs = idxs.to_vec(py)?;
         if out.item_count() != idxs.len() || out.readonly() || !out.is_c_contiguous() {
@@ -154,7 +164,7 @@ impl PyStore {
     ) -> PyResult<usize> {
         let store = self.get()?;
         let sizes: Vec<usize> = sizes.to_vec(py)?.into_iter().map(|s| s as usize).collect();
-        let samples = bytes(&samples, "samples")?;
+        let samples = slice(&samples, "samples")?;
         py.detach(|| store.train_dict(samples, &sizes, target)).py()
     }
 

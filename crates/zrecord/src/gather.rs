@@ -121,7 +121,7 @@ fn split_destination<'d>(
                 format!("record {} claims {size} bytes, over the 1 MiB limit", indices[i]),
             ));
         }
-        let end = offsets[i].checked_add(size).unwrap_or(u64::MAX);
+        let end = offsets[i].saturating_add(size);
         if end > dst_len {
             return Err(Error::invalid(format!(
                 "destination too small: record {} needs bytes {}..{end} but the destination \

@@ -335,6 +335,13 @@ impl Store {
     }
 }
 
+// A store is shared across threads behind an `Arc`; this fails to compile if a field ever
+// stops being thread-safe.
+const _: fn() = || {
+    fn shared_across_threads<T: Send + Sync>() {}
+    shared_across_threads::<Store>();
+};
+
 impl Drop for Store {
     fn drop(&mut self) {
         let _ = self.sync();

@@ -1,0 +1,277 @@
+"""Store layer of the benchmark: zrecord against the other record and array stores.
+
+Workloads: 20000 records of 12 KiB and 4000 of 128 KiB of mildly compressible structured data
+(each record is rows of 512 bytes: 448 random bytes and a 64-byte field repeated from the
+record's first row, about 1.1x compressible with zstd level 3). For each store: write MiB/s,
+random gather (256 distinct indices drawn at random, sorted) and sequential gather (consecutive
+windows of 256) in MiB/s of logical bytes returned, ms per random batch, size on disk
+(allocated blocks), compression ratio, and the fraction of records stored compressed.
+
+Every gather allocates its output array, as a client does. The ceiling row copies the same
+records at the same indices out of an in-memory buffer on loaderx's own thread pool: it is the
+cost of the memory traffic alone.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Callable
+
+import numpy as np
+
+BATCH = 256
+WORKLOADS = [(20000, 12 * 1024), (4000, 128 * 1024)]
+
+
+def make_data(n: int, size: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+    rows = data.reshape(n, size // 512, 512)
+    rows[:, 1:, 448:] = rows[:, :1, 448:]  # the repeated field
+    return data
+
+
+def disk_bytes(path: pathlib.Path) -> int:
+    if path.is_file():
+        return os.stat(path).st_blocks * 512
+    return sum(os.stat(p).st_blocks * 512 for p in path.rglob("*") if p.is_file())
+
+
+def draws(n: int, batches: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [np.sort(rng.choice(n, size=BATCH, replace=False)) for _ in range(batches)]
+
+
+def windows(n: int, batches: int) -> list[np.ndarray]:
+    starts = np.arange(batches) * BATCH % (n - BATCH)
+    return [np.arange(s, s + BATCH) for s in starts]
+
+
+def timed(fn: Callable[[np.ndarray], np.ndarray], batches: list[np.ndarray], check: np.ndarray | None) -> float:
+    fn(batches[0])  # warm (page cache, first-touch of mappings)
+    t = time.perf_counter()
+    for idx in batches:
+        out = fn(idx)
+    elapsed = time.perf_counter() - t
+    if check is not None:
+        assert np.array_equal(out, check[batches[-1]]), "contender returned wrong data"
+    return elapsed
+
+
+# -- contenders: each returns (write_seconds, gather(idx) -> array, path) or None if missing --
+def zrecord(codec: str):
+    def build(data: np.ndarray, root: pathlib.Path):
+        from loaderx.zrecord import Zrecord
+
+        path = root / f"zr-{codec}"
+        n, size = data.shape
+        z = Zrecord(path, codec="zstd" if codec == "zstd_dict" else codec)
+        t = time.perf_counter()
+        if codec == "zstd_dict":
+            sample = np.ascontiguousarray(data[:: max(1, n // 1000)][:1000])
+            z.train_dict(sample, np.full(len(sample), size), 112 * 1024)
+        step = max(1, (64 << 20) // size)
+        for i in range(0, n, step):
+            block = data[i : i + step]
+            z.append(block, np.arange(len(block), dtype=np.uint64) * size, codec=codec)
+        z.sync()
+        write = time.perf_counter() - t
+        st = z.stats()
+
+        def gather(idx: np.ndarray) -> np.ndarray:
+            out = np.empty((len(idx), size), dtype=np.uint8)
+            z.gather(idx, out, np.arange(len(idx), dtype=np.uint64) * size)
+            return out
+
+        gather.compressed = st["compressed_records"] / st["records"]  # type: ignore[attr-defined]
+        return write, gather, path
+
+    return build
+
+
+def ceiling(data: np.ndarray, root: pathlib.Path):
+    from loaderx import _native
+
+    n, size = data.shape
+    flat = data.reshape(-1)
+
+    def gather(idx: np.ndarray) -> np.ndarray:
+        out = np.empty((len(idx), size), dtype=np.uint8)
+        _native.copy_records(flat, size, idx.astype(np.uint64), out.reshape(-1))
+        return out
+
+    return None, gather, None
+
+
+def npy_mmap(data: np.ndarray, root: pathlib.Path):
+    path = root / "data.npy"
+    t = time.perf_counter()
+    np.save(path, data)
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+    write = time.perf_counter() - t
+    arr = np.load(path, mmap_mode="r")
+    return write, (lambda idx: arr[idx]), path
+
+
+def h5py_store(compression: str | None):
+    def build(data: np.ndarray, root: pathlib.Path):
+        import h5py
+
+        n, size = data.shape
+        path = root / f"h5-{compression}.h5"
+        t = time.perf_counter()
+        with h5py.File(path, "w") as f:
+            opts = {"compression": "gzip", "compression_opts": 4} if compression else {}
+            f.create_dataset("x", data=data, chunks=(1, size), **opts)
+        write = time.perf_counter() - t
+        ds = h5py.File(path, "r")["x"]
+        return write, (lambda idx: ds[idx]), path
+
+    return build
+
+
+def blosc2_store(data: np.ndarray, root: pathlib.Path):
+    import blosc2
+
+    n, size = data.shape
+    path = root / "b2.b2nd"
+    t = time.perf_counter()
+    cparams = blosc2.CParams(codec=blosc2.Codec.ZSTD, clevel=3)
+    blosc2.asarray(data, chunks=(1, size), blocks=(1, size), urlpath=str(path), mode="w", cparams=cparams)
+    write = time.perf_counter() - t
+    arr = blosc2.open(str(path))
+    return write, (lambda idx: np.stack([arr[int(i)] for i in idx])), path
+
+
+def array_record_store(options: str):
+    def build(data: np.ndarray, root: pathlib.Path):
+        from array_record.python import array_record_module as ar
+
+        n, size = data.shape
+        path = root / f"ar-{options.replace(':', '').replace(',', '-')}.array_record"
+        t = time.perf_counter()
+        w = ar.ArrayRecordWriter(str(path), options)
+        for row in data:
+            w.write(row.tobytes())
+        w.close()
+        write = time.perf_counter() - t
+        r = ar.ArrayRecordReader(str(path))
+
+        def gather(idx: np.ndarray) -> np.ndarray:
+            recs = r.read([int(i) for i in idx])
+            return np.frombuffer(b"".join(recs), dtype=np.uint8).reshape(len(idx), size)
+
+        return write, gather, path
+
+    return build
+
+
+def tensorstore_store(data: np.ndarray, root: pathlib.Path):
+    import tensorstore as ts
+
+    n, size = data.shape
+    path = root / "ts.zarr"
+    spec = {
+        "driver": "zarr",
+        "kvstore": {"driver": "file", "path": str(path)},
+        "metadata": {"shape": [n, size], "chunks": [1, size], "dtype": "|u1",
+                     "compressor": {"id": "zstd", "level": 3}},
+        "create": True, "delete_existing": True,
+    }
+    t = time.perf_counter()
+    arr = ts.open(spec).result()
+    arr.write(data).result()
+    write = time.perf_counter() - t
+    return write, (lambda idx: arr[idx].read().result()), path
+
+
+CONTENDERS: list[tuple[str, Callable]] = [
+    ("ceiling (memcpy)", ceiling),
+    ("zrecord-raw", zrecord("raw")),
+    ("zrecord-zstd", zrecord("zstd")),
+    ("zrecord-zstdict", zrecord("zstd_dict")),
+    ("npy-mmap", npy_mmap),
+    ("arrayrecord", array_record_store("group_size:1,uncompressed")),
+    ("arrayrecord-zstd", array_record_store("group_size:1,zstd:3")),
+    ("hdf5", h5py_store(None)),
+    ("hdf5-gzip", h5py_store("gzip")),
+    ("blosc2", blosc2_store),
+    ("tensorstore", tensorstore_store),
+]
+# Slow contenders read fewer batches so the run stays short; their MiB/s is still a median.
+SLOW = {"hdf5", "hdf5-gzip", "blosc2", "tensorstore", "arrayrecord", "arrayrecord-zstd"}
+
+
+def run(repeats: int = 5, workloads=WORKLOADS, only: set[str] | None = None) -> list[dict]:
+    """Builds every store, then measures them round-robin, so that a noisy moment on the shared
+    machine hits all contenders alike rather than one of them."""
+    results = []
+    for n, size in workloads:
+        data = make_data(n, size)
+        logical = data.nbytes
+        batch_mib = BATCH * size / 2**20
+        root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-"))
+        try:
+            built = []
+            for name, build in CONTENDERS:
+                if only and name not in only:
+                    continue
+                try:
+                    built.append((name, *build(data, root)))
+                except ImportError:
+                    continue
+            times: dict[str, tuple[list[float], list[float]]] = {b[0]: ([], []) for b in built}
+            for r in range(repeats):
+                for name, _write, gather, _path in built:
+                    batches = 10 if name in SLOW else max(20, (256 << 20) // (BATCH * size))
+                    times[name][0].append(timed(gather, draws(n, batches, seed=r), data) / batches)
+                    times[name][1].append(timed(gather, windows(n, batches), data) / batches)
+            for name, write, gather, path in built:
+                rnd_s, seq_s = (statistics.median(t) for t in times[name])
+                disk = disk_bytes(path) if path is not None else None
+                results.append({
+                    "workload": f"{size // 1024} KiB", "store": name,
+                    "write": logical / 2**20 / write if write else None,
+                    "rnd": batch_mib / rnd_s, "seq": batch_mib / seq_s, "ms": rnd_s * 1e3,
+                    "disk": disk, "ratio": logical / disk if disk else None,
+                    "compressed": getattr(gather, "compressed", None),
+                })
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    return results
+
+
+def table(results: list[dict]) -> str:
+    lines = []
+    for workload in dict.fromkeys(r["workload"] for r in results):
+        rows = [r for r in results if r["workload"] == workload]
+        base = {r["store"]: r for r in rows}
+        ceil = base.get("ceiling (memcpy)")
+        npy = base.get("npy-mmap")
+        lines.append(f"\n{workload} records, batch {BATCH}:\n")
+        lines.append("| store | write MiB/s | gather rnd MiB/s | gather seq MiB/s | ms/batch (rnd) | on disk MiB | ratio | stored compressed | rnd vs ceiling | rnd vs npy-mmap |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+            lines.append(
+                f"| {r['store']} | {f(r['write'], '.0f')} | {r['rnd']:.0f} | {r['seq']:.0f} | {r['ms']:.2f} "
+                f"| {f(r['disk'] and r['disk'] / 2**20, '.0f')} | {f(r['ratio'], '.2f')}x "
+                f"| {f(r['compressed'], '.0%')} | {r['rnd'] / ceil['rnd'] if ceil else 0:.2f}x "
+                f"| {r['rnd'] / npy['rnd'] if npy else 0:.2f}x |"
+            )
+    return "\n".join(lines)
+
+
+def main(repeats: int = 5) -> None:
+    print("\n## Store: zrecord against the alternatives (medians of %d runs)" % repeats)
+    print(table(run(repeats)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+# Sourced by demo.sh and test.sh: creates (or reuses) .venv, installs what the project needs and
+# builds the native module into it. Needs only Rust, a C compiler and Python >= 3.11.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+VPY="$ROOT/.venv/bin/python"
+stamp=".venv/.deps-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    "$VPY" -m pip install -q --disable-pip-version-check "maturin>=1.7,<2" "numpy>=1.24" "msgpack>=1.0" \
+        "pytest>=7" "hypothesis>=6"
+    touch "$stamp"
+fi
+# Incremental: cargo rebuilds only what changed.
+"$ROOT/.venv/bin/maturin" develop --release -q 2>&1 | grep -v "^📦\|^🔗\|^🐍\|^✏️\|^🛠\|^⚠️.*editable" || true
+"$VPY" -c "import loaderx._native" 

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Every check that decides whether a change lands: formatting, lints, the Rust tests and the
+# Python tests (which include the compatibility test against loaderx==0.9.11 from PyPI).
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -q -- -D warnings
+echo "== cargo test"
+cargo test --workspace --exclude loaderx-py -q
+echo "== pytest"
+"$VPY" -m pytest -q tests
