@@ -25,7 +25,14 @@ static WANTED_THREADS: AtomicUsize = AtomicUsize::new(0);
 /// Batches smaller than this many bytes are not worth waking another thread for.
 pub const MIN_SHARD_BYTES: usize = 96 * 1024;
 
+/// The default thread count, computed once: `available_parallelism` reads cgroup files on
+/// every call, which would cost tens of microseconds per batch.
 fn default_threads() -> usize {
+    static DEFAULT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *DEFAULT.get_or_init(detect_threads)
+}
+
+fn detect_threads() -> usize {
     std::env::var("LOADERX_NUM_THREADS")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
