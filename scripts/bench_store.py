@@ -226,6 +226,10 @@ def run(repeats: int = 5, workloads=WORKLOADS, only: set[str] | None = None) -> 
                     built.append((name, *build(data, root)))
                 except ImportError:
                     continue
+            # Flush every contender's dirty pages now, so that background writeback of one store
+            # does not land inside another's timings.
+            os.sync()
+            time.sleep(2)
             times: dict[str, tuple[list[float], list[float]]] = {b[0]: ([], []) for b in built}
             for r in range(repeats):
                 for name, _write, gather, _path in built:
