@@ -14,7 +14,7 @@ pub fn copy_records(src: &[u8], record: usize, indices: &[u64], dst: &mut [u8]) 
     let _ = run_sharded(&mut jobs, total, |block: &mut [(u64, &mut [u8])]| -> Result<(), ()> {
         for (index, out) in block.iter_mut() {
             let at = *index as usize * record;
-            out.copy_from_slice(&src[at..at + record]);
+            crate::codec::copy_bytes(out, &src[at..at + record]);
         }
         Ok(())
     });
