@@ -1,0 +1,24 @@
+"""The README's Python examples and the modules' doctests run as written."""
+
+from __future__ import annotations
+
+import doctest
+import pathlib
+import re
+
+import loaderx.zrecord
+
+README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_examples_run(tmp_path, monkeypatch):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert blocks, "the README has Python examples"
+    monkeypatch.chdir(tmp_path)
+    for code in blocks:
+        exec(compile(code, str(README), "exec"), {})
+
+
+def test_module_doctests():
+    result = doctest.testmod(loaderx.zrecord)
+    assert result.attempted > 0 and result.failed == 0
