@@ -15,47 +15,45 @@ from loaderx.errors import ZrecordIndexError, ZrecordValueError
 _U64 = np.dtype(np.uint64)
 
 
+def _as_u64(values: Any, error: type[Exception], not_int: str, negative: str) -> np.ndarray:
+    """``values`` as a C-contiguous 1-D uint64 array. ``not_int`` and ``negative`` are the
+    messages (formatted with ``dtype`` and ``value``) of the ``error`` raised otherwise."""
+    if isinstance(values, np.ndarray) and values.dtype == _U64 and values.ndim == 1 and values.flags.c_contiguous:
+        return values  # the hot path of a loader: nothing to check or convert
+    if isinstance(values, (bool, np.bool_)):
+        raise error(not_int.format(dtype="bool"))
+    arr = np.asarray(values).reshape(-1)
+    if arr.size == 0:
+        return np.empty(0, dtype=np.uint64)
+    if arr.dtype.kind not in "iu":
+        raise error(not_int.format(dtype=arr.dtype))
+    if arr.dtype.kind == "i" and arr.min() < 0:
+        raise error(negative.format(value=int(arr.min())))
+    return np.ascontiguousarray(arr, dtype=np.uint64)
+
+
 def as_indices(idxs: Any) -> np.ndarray:
     """Record indices as a C-contiguous uint64 array.
 
     Accepts an int, a sequence of ints or an integer array. Negative, boolean and
     non-integer indices raise :class:`~loaderx.errors.ZrecordIndexError`.
     """
-    if isinstance(idxs, np.ndarray) and idxs.dtype == _U64 and idxs.ndim == 1 and idxs.flags.c_contiguous:
-        return idxs  # the hot path of a loader: nothing to check or convert
-    if isinstance(idxs, (bool, np.bool_)):
-        raise ZrecordIndexError(f"record indices must be integers, got {idxs!r}")
-    if isinstance(idxs, (int, np.integer)):
-        if idxs < 0:
-            raise ZrecordIndexError(f"record index {idxs} is negative")
-        return np.array([idxs], dtype=np.uint64)
-    arr = idxs if isinstance(idxs, np.ndarray) else np.asarray(idxs)
-    if arr.size == 0:
-        return np.empty(0, dtype=np.uint64)
-    if arr.dtype.kind not in "iu":
-        raise ZrecordIndexError(
-            f"record indices must be integers, got an array of dtype {arr.dtype}"
-        )
-    arr = arr.reshape(-1)
-    if arr.dtype.kind == "i":
-        if arr.min() < 0:
-            raise ZrecordIndexError(f"record index {int(arr.min())} is negative")
-    return np.ascontiguousarray(arr, dtype=np.uint64)
+    return _as_u64(
+        idxs,
+        ZrecordIndexError,
+        "record indices must be integers, got dtype {dtype}",
+        "record index {value} is negative",
+    )
 
 
 def as_offsets(offsets: Any, what: str = "offsets") -> np.ndarray:
     """Byte offsets as a C-contiguous uint64 array; negative or non-integer ones are refused."""
-    if isinstance(offsets, np.ndarray) and offsets.dtype == _U64 and offsets.ndim == 1 and offsets.flags.c_contiguous:
-        return offsets
-    arr = offsets if isinstance(offsets, np.ndarray) else np.asarray(offsets)
-    if arr.size == 0:
-        return np.empty(0, dtype=np.uint64)
-    if arr.dtype.kind not in "iu":
-        raise ZrecordValueError(f"{what} must be integers, got dtype {arr.dtype}")
-    arr = arr.reshape(-1)
-    if arr.dtype.kind == "i" and arr.min() < 0:
-        raise ZrecordValueError(f"{what} must not be negative, got {int(arr.min())}")
-    return np.ascontiguousarray(arr, dtype=np.uint64)
+    return _as_u64(
+        offsets,
+        ZrecordValueError,
+        what + " must be integers, got dtype {dtype}",
+        what + " must not be negative, got {value}",
+    )
 
 
 def source_bytes(src: Any, what: str = "src") -> Any:

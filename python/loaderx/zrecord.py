@@ -105,11 +105,9 @@ class Zrecord:
         Destination ranges must fit in ``dst`` and must not overlap. Compressed records are
         decompressed straight into ``dst``.
         """
-        idx = as_indices(idxs)
-        off = as_offsets(offsets, "destination offsets")
-        if len(idx) != len(off):
-            raise ZrecordValueError(f"{len(idx)} indices but {len(off)} destination offsets")
-        self._native.gather(idx, destination_bytes(dst), off)
+        self._native.gather(
+            as_indices(idxs), destination_bytes(dst), as_offsets(offsets, "destination offsets")
+        )
 
     def lengths(self, idxs: Any) -> np.ndarray:
         """The logical length in bytes of each record, as a uint32 array."""

@@ -34,7 +34,11 @@ fn copy_records(
     let idxs = idxs.to_vec(py)?;
     let src = buffers::slice(&src, "src")?;
     let dst = buffers::slice_mut(&dst, "destination")?;
-    let fits = idxs.iter().all(|&i| (i as usize + 1) * record <= src.len());
+    let fits = idxs.iter().all(|&i| {
+        i.checked_add(1)
+            .and_then(|n| n.checked_mul(record as u64))
+            .is_some_and(|end| end <= src.len() as u64)
+    });
     if !fits || dst.len() < idxs.len() * record {
         return Err(pyo3::exceptions::PyValueError::new_err("index or destination out of range"));
     }

@@ -146,16 +146,15 @@ impl<'d> Decoder<'d> {
 /// records in a chunk and page-aligned rows of a batch often do.
 #[inline]
 pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
-    const BLOCK: usize = 64;
+    debug_assert_eq!(dst.len(), src.len());
     if src.len() < 4096 {
         dst.copy_from_slice(src);
         return;
     }
-    let mut d = dst.chunks_exact_mut(BLOCK);
-    let mut s = src.chunks_exact(BLOCK);
-    for (d, s) in (&mut d).zip(&mut s) {
-        let block: &[u8; BLOCK] = s.try_into().unwrap_or(&[0; BLOCK]);
-        d.copy_from_slice(block);
+    let (dst_blocks, dst_tail) = dst.as_chunks_mut::<64>();
+    let (src_blocks, src_tail) = src.as_chunks::<64>();
+    for (d, s) in dst_blocks.iter_mut().zip(src_blocks) {
+        *d = *s;
     }
-    d.into_remainder().copy_from_slice(s.remainder());
+    dst_tail.copy_from_slice(src_tail);
 }

@@ -18,7 +18,7 @@ mod access;
 mod append;
 pub mod ceiling;
 mod chunks;
-pub(crate) mod codec;
+mod codec;
 mod compact;
 mod delete;
 mod error;
