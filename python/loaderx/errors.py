@@ -1,7 +1,7 @@
 """Exceptions raised by loaderx.
 
-Every error from the store engine is a :class:`ZrecordError` (a ``RuntimeError``); the
-subclasses say what went wrong. Where a Python protocol expects a built-in type, the subclass
+Every error loaderx raises on its own account is a :class:`ZrecordError` (a ``RuntimeError``);
+the subclasses say what went wrong. Where a Python protocol expects a built-in type, the subclass
 is also one: an out-of-range index is an ``IndexError``, a bad argument a ``ValueError``.
 Failures of the operating system (missing permissions, a full disk) are raised as the built-in
 ``OSError`` subclass for their errno, with the file name set.
@@ -18,11 +18,13 @@ __all__ = [
     "MissingDictionaryError",
     "ZrecordIndexError",
     "ZrecordValueError",
+    "DatasetError",
+    "LoaderClosedError",
 ]
 
 
 class ZrecordError(RuntimeError):
-    """Base class of every store error."""
+    """Base class of every loaderx error: the store engine's, the datasets' and the loader's."""
 
 
 class CorruptStoreError(ZrecordError):
@@ -55,3 +57,14 @@ class ZrecordIndexError(ZrecordError, IndexError):
 class ZrecordValueError(ZrecordError, ValueError):
     """An argument is unusable: unknown codec, bad offsets, overlapping or overflowing
     destination ranges, a non-contiguous or read-only buffer."""
+
+
+class DatasetError(ZrecordError, ValueError):
+    """A directory is not a dataset of the kind asked for: no ``schema.msgpack``, a dense view
+    of a ragged store (or the reverse), a schema with an unusable dtype or shape, or data that
+    does not match the schema of the store it is being appended to."""
+
+
+class LoaderClosedError(ZrecordError, ValueError):
+    """The DataLoader was closed (explicitly, by its context manager, or after it delivered a
+    worker's exception), or is being used in a process forked after its threads started."""

@@ -102,6 +102,20 @@ impl PyStore {
         py.detach(|| store.gather(&idxs, dst, &offsets)).py()
     }
 
+    /// Fixed-stride gather: record `idxs[i]` lands at byte `i * record_len` of `dst`.
+    fn gather_fixed(
+        &self,
+        py: Python<'_>,
+        idxs: PyBuffer<u64>,
+        dst: PyBuffer<u8>,
+        record_len: usize,
+    ) -> PyResult<()> {
+        let store = self.get()?;
+        let idxs = idxs.to_vec(py)?;
+        let dst = slice_mut(&dst, "destination")?;
+        py.detach(|| store.gather_fixed(&idxs, dst, record_len)).py()
+    }
+
     fn lengths_into(
         &self,
         py: Python<'_>,

@@ -37,9 +37,59 @@ impl Store {
             locs.push(self.meta.entry(index));
         }
         let mut slots = split_destination(&self.meta_path, dst, indices, &locs, dst_offsets)?;
+        self.read_slots(&mut slots)
+    }
+
+    /// Reads record `indices[i]` into `dst[i * record_len..][..record_len]`: the fixed-stride
+    /// gather of a dense dataset. `dst` must hold exactly `indices.len() * record_len` bytes and
+    /// every record must be exactly `record_len` bytes long (a record of another length is a
+    /// store that does not match its schema, reported as corrupt before anything is written).
+    pub fn gather_fixed(&self, indices: &[u64], dst: &mut [u8], record_len: usize) -> Result<()> {
+        let _guard = self.activity.shared("gather")?;
+        let want = indices.len().checked_mul(record_len);
+        if want != Some(dst.len()) {
+            return Err(Error::invalid(format!(
+                "destination holds {} bytes, {} records of {record_len} bytes need {}",
+                dst.len(),
+                indices.len(),
+                want.map_or_else(|| "more than fits in memory".to_string(), |n| n.to_string())
+            )));
+        }
+        let len = self.len();
+        let mut locs = Vec::with_capacity(indices.len());
+        for &index in indices {
+            if index >= len {
+                return Err(Error::IndexOutOfRange { index, len });
+            }
+            let loc = self.meta.entry(index);
+            if loc.logic_length as usize != record_len {
+                return Err(Error::corrupt(
+                    &self.meta_path,
+                    format!(
+                        "record {index} holds {} bytes where every record of this dataset \
+                         holds {record_len}",
+                        loc.logic_length
+                    ),
+                ));
+            }
+            locs.push(loc);
+        }
+        if record_len == 0 {
+            return Ok(());
+        }
+        let mut slots: Vec<Slot<'_>> = dst
+            .chunks_exact_mut(record_len)
+            .zip(indices.iter().zip(locs))
+            .map(|(dst, (&index, loc))| Slot { index, loc, dst })
+            .collect();
+        self.read_slots(&mut slots)
+    }
+
+    /// Fills every slot, sharded across the pool.
+    fn read_slots(&self, slots: &mut [Slot<'_>]) -> Result<()> {
         let total: usize = slots.iter().map(|s| s.dst.len()).sum();
         let dict = self.dictionary();
-        run_sharded(&mut slots, total, |block: &mut [Slot<'_>]| -> Result<()> {
+        run_sharded(slots, total, |block: &mut [Slot<'_>]| -> Result<()> {
             let mut decoder = Decoder::new(dict);
             for s in block.iter_mut() {
                 self.read_record(s.index, &s.loc, s.dst, &mut decoder)?;

@@ -172,3 +172,32 @@ fn dictionary_is_trained_once() {
     drop(store);
     assert!(open(dir.path(), Codec::Raw).has_dict(), "dict.zr is loaded on open");
 }
+
+#[test]
+fn fixed_stride_gather_matches_records_and_checks_lengths() {
+    for codec in [Codec::Raw, Codec::Zstd] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path(), codec);
+        let recs: Vec<Vec<u8>> = (0..300).map(|t| record(t, 12 * 1024)).collect();
+        let (buf, off) = pack(&recs);
+        store.append(&buf, &off, None).unwrap();
+        let mut rng = Rng(9);
+        let idx: Vec<u64> = (0..256).map(|_| rng.below(300)).collect();
+        let mut dst = vec![0u8; idx.len() * 12 * 1024];
+        store.gather_fixed(&idx, &mut dst, 12 * 1024).unwrap();
+        for (row, &i) in dst.chunks_exact(12 * 1024).zip(&idx) {
+            assert_eq!(row, &recs[i as usize][..]);
+        }
+        // A record of another size in a fixed-stride gather is a corrupt dataset, and nothing
+        // is written; so are a wrong destination size and an index past the end.
+        store.append(&[1, 2, 3], &[0], None).unwrap();
+        let mut dst = vec![5u8; 2 * 12 * 1024];
+        let e = store.gather_fixed(&[0, 300], &mut dst, 12 * 1024).unwrap_err();
+        assert!(matches!(e, Error::Corrupt { ref detail, .. } if detail.contains("record 300")));
+        let e = store.gather_fixed(&[0], &mut dst, 12 * 1024).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        let e = store.gather_fixed(&[0, 301], &mut dst, 12 * 1024).unwrap_err();
+        assert!(matches!(e, Error::IndexOutOfRange { index: 301, len: 301 }), "{e}");
+        assert!(dst.iter().all(|&b| b == 5));
+    }
+}

@@ -1,0 +1,373 @@
+"""Converters: NumPy arrays and iterables of arrays into loaderx datasets.
+
+:func:`from_numpy` writes a *dense* dataset -- one record per slice along axis 0, every record
+the same shape -- and :func:`from_iterator` a *ragged* one, whose records may differ in length
+along their first axis. Both write a Zrecord store plus ``schema.msgpack`` (see
+:mod:`loaderx.dataset` to read them back).
+
+>>> import numpy as np, tempfile, os
+>>> from loaderx.converter import from_numpy
+>>> from loaderx.dataset import DenseDataset
+>>> path = os.path.join(tempfile.mkdtemp(), "points")
+>>> from_numpy(path, np.arange(12, dtype=np.float32).reshape(4, 3))
+4
+>>> from_numpy(path, np.ones((2, 3), dtype=np.float32))   # same path: appends
+6
+>>> DenseDataset(path)[[5, 0]]
+array([[1., 1., 1.],
+       [0., 1., 2.]], dtype=float32)
+
+Converting streams in chunks of about ``chunk_bytes``: a ``np.load(..., mmap_mode="r")`` array is
+read piece by piece and never held in memory whole. When a converter returns, what it wrote is
+durable; when it raises (bad data, a full disk, Ctrl-C), the records it had appended are removed
+again, so the store is left as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from loaderx import _schema
+from loaderx.errors import DatasetError, LimitExceededError, ZrecordValueError
+from loaderx.zrecord import CODECS, MAX_RECORD_BYTES, MAX_RECORDS, Zrecord
+
+__all__ = ["from_numpy", "from_iterator", "DEFAULT_CHUNK_BYTES"]
+
+#: Default size of one append while converting.
+DEFAULT_CHUNK_BYTES = 64 << 20
+#: zstd's own default dictionary size, the most an automatically sized dictionary gets.
+_MAX_AUTO_DICT = 112_640
+#: Most sample bytes a dictionary is trained on.
+_DICT_SAMPLE_BYTES = 16 << 20
+
+
+def from_numpy(
+    path: str | os.PathLike[str],
+    array: Any,
+    codec: str = "zstd",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    dict_size: int | None = None,
+    schema: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    *,
+    progress: bool | None = None,
+) -> int:
+    """Writes ``array`` as a dense dataset at ``path``, one record per slice along axis 0, and
+    returns the dataset's length.
+
+    ``array`` is any array-like with at least one dimension; a 1-D array becomes a dataset of
+    scalars. ``codec`` is ``"raw"``, ``"zstd"`` (level 3) or ``"zstd_dict"`` (level 19 against
+    a dictionary trained on a sample of ``array`` before the first record is written; its size
+    adapts to the data, capped by ``dict_size``). ``schema`` adds extra keys to
+    ``schema.msgpack``; reserved keys (``kind``, ``dtype``, ``item_shape``, ...) must agree with
+    the data. If ``path`` already holds a dense dataset of the same dtype and item shape, the
+    records are appended to it (the codec may differ); ``overwrite=True`` replaces it instead.
+    ``progress`` shows a tqdm bar (default: when tqdm is installed and stderr is a terminal).
+    """
+    arr = array if isinstance(array, np.ndarray) else np.asarray(array)
+    if arr.ndim == 0:
+        raise DatasetError("from_numpy needs an array with at least one dimension (records "
+                           "are its slices along axis 0)")
+    dtype = _schema.check_dtype(arr.dtype, "from_numpy")
+    wanted = _schema.Schema("dense", dtype, tuple(int(d) for d in arr.shape[1:]),
+                            _codec(codec), _extra(schema, "dense", dtype, arr.shape[1:]))
+    row_bytes = wanted.item_bytes
+    if row_bytes > MAX_RECORD_BYTES:
+        raise LimitExceededError(f"one record of shape {arr.shape[1:]} and dtype {dtype} is "
+                                 f"{row_bytes} bytes, over the {MAX_RECORD_BYTES}-byte limit")
+    n = int(arr.shape[0])
+    with _Conversion(path, wanted, overwrite, n) as conv:
+        rows = max(1, _positive(chunk_bytes, "chunk_bytes") // max(row_bytes, 1))
+        if wanted.codec == "zstd_dict" and n:
+            conv.ensure_dict(_dense_sample(arr, row_bytes), dict_size)
+        offsets = np.arange(rows, dtype=np.uint64) * np.uint64(row_bytes)
+        with _progress(progress, n, str(path)) as bar:
+            for start in range(0, n, rows):
+                block = np.ascontiguousarray(arr[start:start + rows])
+                conv.append(block, offsets[: len(block)])
+                bar.update(len(block))
+        return conv.finish()
+
+
+def from_iterator(
+    path: str | os.PathLike[str],
+    source: Iterable[Any],
+    codec: str = "zstd",
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    dict_size: int | None = None,
+    schema: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    *,
+    progress: bool | None = None,
+) -> int:
+    """Writes every item of ``source`` as one record of a ragged dataset at ``path`` and returns
+    the dataset's length.
+
+    Items are arrays with at least one dimension (records may differ along their first axis;
+    the dtype and the trailing dimensions must be the same throughout) or bytes-like objects,
+    stored as ``uint8`` records. Items are packed into appends of about ``chunk_bytes``. With
+    ``codec="zstd_dict"`` the dictionary is trained on the first chunk before anything is
+    written. ``schema``, ``overwrite`` and ``progress`` are as in :func:`from_numpy`; an
+    existing ragged dataset at ``path`` is appended to.
+    """
+    codec = _codec(codec)
+    limit = _positive(chunk_bytes, "chunk_bytes")
+    items = iter(source)
+    first = next(items, None)
+    existing = _existing_schema(path, overwrite)
+    if first is None:
+        if existing is None:
+            raise DatasetError("from_iterator got no records and there is no dataset at "
+                               f"{os.fspath(path)!r} to take the dtype from")
+        _check_kind(existing, "ragged", path)
+        return _length_of(path)
+    rec = _ragged_record(first, 0)
+    dtype = existing.dtype if existing is not None else rec.dtype
+    trail = existing.item_shape if existing is not None else rec.shape[1:]
+    wanted = _schema.Schema("ragged", dtype, tuple(trail), codec,
+                            _extra(schema, "ragged", dtype, trail))
+    _check_record(rec, wanted, 0)
+    with _Conversion(path, wanted, overwrite, None) as conv:
+        with _progress(progress, None, str(path)) as bar:
+            pending: list[np.ndarray] = [rec]
+            size = rec.nbytes
+            count = 1
+            trained = codec != "zstd_dict"
+            for item in items:
+                if size >= limit:
+                    if not trained:
+                        conv.ensure_dict(pending, dict_size)
+                        trained = True
+                    conv.append_records(pending)
+                    bar.update(len(pending))
+                    pending, size = [], 0
+                rec = _ragged_record(item, count)
+                _check_record(rec, wanted, count)
+                pending.append(rec)
+                size += rec.nbytes
+                count += 1
+            if not trained:
+                conv.ensure_dict(pending, dict_size)
+            conv.append_records(pending)
+            bar.update(len(pending))
+        return conv.finish()
+
+
+# -- the conversion transaction ------------------------------------------------------------------
+
+
+class _Conversion:
+    """Opens or creates the store, checks the schema before writing, appends, and on failure
+    removes what this conversion appended (or the whole store, if it created it)."""
+
+    def __init__(self, path: Any, wanted: _schema.Schema, overwrite: bool, count: int | None):
+        self.path = os.fspath(path)
+        self.wanted = wanted
+        existing = _existing_schema(self.path, overwrite)
+        if existing is not None:
+            _check_kind(existing, wanted.kind, self.path)
+            if (existing.dtype, existing.item_shape) != (wanted.dtype, wanted.item_shape):
+                raise DatasetError(
+                    f"{self.path} holds a {existing.describe()} dataset; cannot append "
+                    f"{wanted.describe()} records (use overwrite=True to replace it)")
+        self.created = existing is None
+        # overwrite=True builds the new dataset beside the old one and swaps them at the end,
+        # so a failed or interrupted conversion leaves the old dataset in place.
+        self.replacing = overwrite and _schema.is_store(self.path)
+        self.target = self.path
+        if self.replacing:
+            self.target = f"{self.path.rstrip(os.sep)}.loaderx-new-{os.getpid()}"
+            shutil.rmtree(self.target, ignore_errors=True)
+        elif self.created and os.path.isdir(self.path) and os.listdir(self.path):
+            raise DatasetError(f"{self.path} is a non-empty directory that is not a loaderx "
+                               "dataset; refusing to write into it")
+        self.store = Zrecord(self.target, codec=wanted.codec)
+        self.start = len(self.store)
+        if count is not None and self.start + count > MAX_RECORDS:
+            self._abandon()
+            raise LimitExceededError(f"{self.path} would hold {self.start + count} records, "
+                                     f"over the limit of {MAX_RECORDS}")
+        if self.created:
+            # Written before any record: a store with records always says what they are.
+            _schema.write(self.target, wanted)
+
+    def __enter__(self) -> _Conversion:
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None:
+            self._abandon()
+
+    def ensure_dict(self, samples: list[np.ndarray] | np.ndarray, dict_size: int | None) -> None:
+        if self.store.has_dict():
+            return
+        parts = [np.ascontiguousarray(s).reshape(-1).view(np.uint8) for s in samples]
+        parts = [p for p in parts if p.size]
+        total = sum(p.size for p in parts)
+        auto = min(_MAX_AUTO_DICT, max(1024, total // 50))
+        target = auto if dict_size is None else min(auto, _positive(dict_size, "dict_size"))
+        sizes = np.array([p.size for p in parts], dtype=np.uint64)
+        blob = np.concatenate(parts) if parts else np.empty(0, np.uint8)
+        try:
+            self.store.train_dict(blob, sizes, max(target, 256))
+        except Exception as e:
+            raise ZrecordValueError(
+                f"cannot train a zstd dictionary on {len(parts)} records ({total} bytes): {e}; "
+                "a dictionary needs many records -- use codec='zstd' for small data") from e
+
+    def append(self, block: np.ndarray, offsets: np.ndarray) -> None:
+        if len(offsets):
+            self.store.append(block, offsets)
+
+    def append_records(self, records: list[np.ndarray]) -> None:
+        if not records:
+            return
+        sizes = np.fromiter((r.nbytes for r in records), dtype=np.uint64, count=len(records))
+        offsets = np.zeros(len(records), dtype=np.uint64)
+        np.cumsum(sizes[:-1], out=offsets[1:])
+        if len(self.store) + len(records) > MAX_RECORDS:
+            raise LimitExceededError(f"{self.path} would hold more than {MAX_RECORDS} records")
+        blob = np.concatenate([np.ascontiguousarray(r).reshape(-1).view(np.uint8)
+                               for r in records])
+        self.store.append(blob, offsets)
+
+    def finish(self) -> int:
+        """Makes everything durable and records the codec; returns the dataset length."""
+        n = len(self.store)
+        self.store.close()
+        if self.replacing:
+            old = f"{self.target}.old"
+            os.rename(self.path, old)
+            os.rename(self.target, self.path)
+            shutil.rmtree(old, ignore_errors=True)
+        elif not self.created:
+            _schema.write(self.path, self.wanted)
+        return n
+
+    def _abandon(self) -> None:
+        store = self.store
+        try:
+            if self.created:
+                store.close()
+                shutil.rmtree(self.target, ignore_errors=True)
+            else:
+                appended = np.arange(self.start, len(store), dtype=np.uint64)
+                if len(appended):
+                    store.delete(appended)
+                    store.compact()
+                store.close()
+        except Exception:  # the original error matters more; the store is still consistent
+            pass
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _codec(codec: Any) -> str:
+    if codec == "zstdict":
+        return "zstd_dict"
+    if not isinstance(codec, str) or codec not in CODECS:
+        raise ZrecordValueError(f"unknown codec {codec!r}: expected one of {', '.join(CODECS)}")
+    return codec
+
+
+def _positive(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ZrecordValueError(f"{what} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _extra(schema: Mapping[str, Any] | None, kind: str, dtype: np.dtype,
+           shape: tuple[int, ...]) -> dict[str, Any]:
+    """The user's extra schema keys, after checking that reserved keys agree with the data."""
+    if schema is None:
+        return {}
+    if not isinstance(schema, Mapping):
+        raise DatasetError(f"schema must be a mapping, got {type(schema).__name__}")
+    ours = {"kind": kind, "dtype": dtype.str, "item_shape": [int(d) for d in shape],
+            "format": _schema.FORMAT, "version": _schema.VERSION}
+    for key, value in schema.items():
+        if not isinstance(key, str):
+            raise DatasetError(f"schema keys must be strings, got {key!r}")
+        if key in ours:
+            given = list(value) if key == "item_shape" and isinstance(value, (list, tuple)) \
+                else value
+            if key == "dtype":
+                given = _schema.check_dtype(value, "schema").str
+            if given != ours[key]:
+                raise DatasetError(f"schema[{key!r}] = {value!r} contradicts the data "
+                                   f"({ours[key]!r})")
+    return {k: v for k, v in schema.items() if k not in _schema.RESERVED}
+
+
+def _existing_schema(path: Any, overwrite: bool) -> _schema.Schema | None:
+    path = os.fspath(path)
+    if overwrite or not _schema.is_store(path):
+        return None
+    return _schema.read(path)
+
+
+def _check_kind(existing: _schema.Schema, kind: str, path: Any) -> None:
+    if existing.kind != kind:
+        raise DatasetError(f"{os.fspath(path)} holds a {existing.kind} dataset; cannot append "
+                           f"{kind} records to it (use overwrite=True to replace it)")
+
+
+def _length_of(path: Any) -> int:
+    with Zrecord(path) as z:
+        return len(z)
+
+
+def _ragged_record(item: Any, i: int) -> np.ndarray:
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return np.frombuffer(item, dtype=np.uint8)
+    arr = item if isinstance(item, np.ndarray) else np.asarray(item)
+    if arr.ndim == 0:
+        raise DatasetError(f"record {i} is a scalar; ragged records need at least one dimension")
+    _schema.check_dtype(arr.dtype, f"record {i}")
+    return arr
+
+
+def _check_record(rec: np.ndarray, wanted: _schema.Schema, i: int) -> None:
+    if rec.dtype != wanted.dtype or tuple(rec.shape[1:]) != wanted.item_shape:
+        raise DatasetError(
+            f"record {i} is {rec.dtype.str}{rec.shape}, but records of this dataset are "
+            f"{wanted.dtype.str}(n, {', '.join(map(str, wanted.item_shape))})".replace(", )", ")"))
+    if rec.nbytes > MAX_RECORD_BYTES:
+        raise LimitExceededError(f"record {i} is {rec.nbytes} bytes, over the "
+                                 f"{MAX_RECORD_BYTES}-byte limit")
+
+
+def _dense_sample(arr: np.ndarray, row_bytes: int) -> np.ndarray:
+    """Rows spread evenly over ``arr``, about ``_DICT_SAMPLE_BYTES`` in all."""
+    n = int(arr.shape[0])
+    want = max(1, min(n, _DICT_SAMPLE_BYTES // max(row_bytes, 1)))
+    rows = np.unique(np.linspace(0, n - 1, want).astype(np.int64))
+    return np.ascontiguousarray(arr[rows])
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _progress(progress: bool | None, total: int | None, desc: str) -> Any:
+    if progress is False or (progress is None and not sys.stderr.isatty()):
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit="rec")

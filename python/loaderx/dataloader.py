@@ -1,0 +1,365 @@
+"""The endless, step-based DataLoader.
+
+``DataLoader(streams, batch_size=256, num_workers=4, prefetch_size=4, mode="cyclic", seed=42,
+transform=identity, start_step=0)`` yields, forever, one batch per step: a dict
+``{name: (batch_size, *item_shape) array}`` with every stream gathered at the same record
+indices. Batch ``k`` is a pure function of ``(seed, mode, batch_size, dataset length, k)``, so
+
+* batches come out in step order whatever ``num_workers`` is, and the same seed gives the same
+  batches;
+* ``loader.step`` is the index of the next batch, ``seek(step)`` or ``start_step=`` move it, and
+  ``state_dict()`` / ``load_state_dict()`` resume a run exactly where a checkpoint left it.
+
+>>> import numpy as np, tempfile, os
+>>> from loaderx.converter import from_numpy
+>>> from loaderx.dataset import DenseDataset
+>>> root = tempfile.mkdtemp()
+>>> _ = from_numpy(os.path.join(root, "x"), np.arange(40, dtype=np.float32).reshape(20, 2))
+>>> _ = from_numpy(os.path.join(root, "y"), np.arange(20) % 3)
+>>> streams = {"x": DenseDataset(os.path.join(root, "x")), "y": DenseDataset(os.path.join(root, "y"))}
+>>> with DataLoader(streams, batch_size=4, seed=0) as loader:
+...     batch = next(loader)
+...     state = loader.state_dict()
+...     after = next(loader)
+>>> batch["x"].shape, batch["y"].shape, bool((batch["x"][:, 0] // 2 % 3 == batch["y"]).all())
+((4, 2), (4,), True)
+>>> with DataLoader(streams, batch_size=4, seed=0) as resumed:
+...     resumed.load_state_dict(state)
+...     bool((next(resumed)["x"] == after["x"]).all())
+True
+
+Modes (names, or the reference's integers): ``"sequential"`` (0), ``"iid"`` (1) and ``"cyclic"``
+(2). The default is cyclic -- every record once per cycle, in a fresh order each cycle -- because
+it keeps how often each sample is seen even, which sampling with replacement does not over any
+short run. See :mod:`loaderx.sampler`.
+
+Threads: ``num_workers`` prefetch threads each build whole batches (sample, gather every
+stream, transform) for the steps they claim, up to ``prefetch_size`` batches ahead of the
+consumer. A gather releases the GIL and is itself split across the store's native pool (one
+thread per core, shared by every store in the process), and a worker stops at the native call
+until its batch is filled; so the cores are kept busy by the pool, and more workers only add
+overlap between one batch's Python work and the next batch's gather. There is no point in more
+workers than cores plus one or two; the default of 4 fits 2 to 16 cores.
+
+Memory: the arrays of a batch come from a pool of buffers that are reused once the consumer
+has dropped every reference to them (see ``loaderx._recycle``); steady state allocates nothing
+and touches no fresh pages. Keeping a batch (or a view of it) simply keeps its buffer out of
+the pool.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from loaderx._recycle import BufferPool
+from loaderx.dataset import DenseDataset
+from loaderx.errors import LoaderClosedError
+from loaderx.sampler import Mode, Sampler, _mode
+
+__all__ = ["DataLoader"]
+
+_STATE_VERSION = 1
+_JOIN_SECONDS = 1.0
+
+
+def _identity(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return batch
+
+
+def _count(value: Any, what: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{what} must be an int >= {low}, got {value!r}")
+    return int(value)
+
+
+class DataLoader:
+    """Endless batches from one or more dense streams; see the module documentation.
+
+    ``streams`` maps names to :class:`~loaderx.dataset.DenseDataset` objects of equal length.
+    ``transform`` (the collate step) takes the batch dict and returns what ``next()`` yields;
+    it runs on the prefetch threads. The loader is an iterator; use it as a context manager or
+    call :meth:`close` to stop its threads (the datasets stay open).
+    """
+
+    def __init__(
+        self,
+        streams: Mapping[str, DenseDataset],
+        *,
+        batch_size: int = 256,
+        num_workers: int = 4,
+        prefetch_size: int = 4,
+        mode: Any = "cyclic",
+        seed: Any = 42,
+        transform: Callable[[dict[str, np.ndarray]], Any] = _identity,
+        start_step: int = 0,
+    ) -> None:
+        if not isinstance(streams, Mapping) or not streams:
+            raise ValueError("streams must be a non-empty dict of {name: DenseDataset}")
+        for name, ds in streams.items():
+            if not isinstance(ds, DenseDataset):
+                raise TypeError(
+                    f"stream {name!r} is a {type(ds).__name__}; the DataLoader reads dense "
+                    "streams only (pad ragged records into a dense store first)")
+        lengths = {name: len(ds) for name, ds in streams.items()}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"streams must have the same length, got {lengths}")
+        length = next(iter(lengths.values()))
+        if length == 0:
+            raise ValueError("the streams are empty")
+        if not callable(transform):
+            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+        self._streams = dict(streams)
+        self._num_workers = _count(num_workers, "num_workers", 1)
+        self._prefetch = _count(prefetch_size, "prefetch_size", 1)
+        self._sampler = Sampler(length, _count(batch_size, "batch_size", 1), _mode(mode), seed)
+        self._sampler.seek(_count(start_step, "start_step", 0))
+        self._pipe = _Pipeline(self._streams, self._sampler, transform, self._num_workers,
+                               self._prefetch)
+        self._finalizer = weakref.finalize(self, self._pipe.stop)
+        _live.add(self._pipe)
+
+    # -- iteration -----------------------------------------------------------------------------
+
+    def __iter__(self) -> DataLoader:
+        return self
+
+    def __next__(self) -> Any:
+        return self._pipe.next()
+
+    next = __next__
+
+    def __len__(self) -> int:
+        raise TypeError("a DataLoader is endless and has no length; count steps instead")
+
+    # -- position and checkpoints --------------------------------------------------------------
+
+    @property
+    def step(self) -> int:
+        """The step of the batch ``next()`` returns next."""
+        return self._pipe.step
+
+    def seek(self, step: int) -> None:
+        """Makes ``step`` the next batch; prefetched batches are discarded."""
+        self._pipe.seek(_count(step, "step", 0))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue with exactly the next batch: plain
+        ints and strings, safe to store in any checkpoint."""
+        s = self._sampler
+        return {"version": _STATE_VERSION, "seed": s.seed, "mode": s.mode.name.lower(),
+                "batch_size": s.batch_size, "length": s.length, "step": self.step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resumes at ``state["step"]``. The state must come from a loader with the same seed,
+        mode and batch size over streams of the same length, else ``ValueError``: resuming on
+        changed data would silently give other batches."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"state must be a dict, got {type(state).__name__}")
+        missing = [k for k in ("seed", "mode", "batch_size", "length", "step") if k not in state]
+        if missing:
+            raise ValueError(f"state is missing {', '.join(missing)}")
+        s = self._sampler
+        if state["length"] != s.length:
+            raise ValueError(
+                f"the checkpoint was taken on streams of {state['length']} records, these hold "
+                f"{s.length}; the data changed, so the checkpoint's batch sequence no longer "
+                "exists")
+        theirs = (state["seed"], Mode(_mode(state["mode"])), state["batch_size"])
+        ours = (s.seed, s.mode, s.batch_size)
+        if theirs != ours:
+            diff = ", ".join(f"{n}: {b!r} in the state, {a!r} here" for n, a, b in
+                             zip(("seed", "mode", "batch_size"), ours, theirs) if a != b)
+            raise ValueError(f"the state is from a differently configured loader ({diff})")
+        self.seek(state["step"])
+
+    # -- configuration -------------------------------------------------------------------------
+
+    @property
+    def batch_size(self) -> int:
+        return self._sampler.batch_size
+
+    @property
+    def mode(self) -> Mode:
+        return self._sampler.mode
+
+    @property
+    def seed(self) -> int:
+        return self._sampler.seed
+
+    @property
+    def num_workers(self) -> int:
+        return self._num_workers
+
+    @property
+    def streams(self) -> dict[str, DenseDataset]:
+        return dict(self._streams)
+
+    def batch_indices(self, step: int) -> np.ndarray:
+        """The record indices of batch ``step`` (a uint64 array), without loading it."""
+        return self._sampler.batch(_count(step, "step", 0))
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._pipe.closed
+
+    def close(self) -> None:
+        """Stops and joins the prefetch threads (within about a second); the datasets stay
+        open. Closing twice is harmless."""
+        self._pipe.stop()
+
+    def __enter__(self) -> DataLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        s = self._sampler
+        return (f"DataLoader(streams={list(self._streams)}, batch_size={s.batch_size}, "
+                f"mode={s.mode.name.lower()!r}, seed={s.seed}, step={self.step}, "
+                f"num_workers={self._num_workers}{', closed' if self.closed else ''})")
+
+
+class _Failure:
+    """A worker's exception, carried to the consumer with its traceback."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _Pipeline:
+    """The prefetch machinery. Kept apart from :class:`DataLoader` so that worker threads hold
+    no reference to the loader: dropping the loader finalizes it and stops the threads."""
+
+    def __init__(self, streams: dict[str, DenseDataset], sampler: Sampler,
+                 transform: Callable[..., Any], workers: int, prefetch: int) -> None:
+        self.streams = [(name, ds, ds._gather_fixed, ds.record_bytes,
+                         (sampler.batch_size, *ds.item_shape), ds.dtype)
+                        for name, ds in streams.items()]
+        self.sampler = sampler
+        self.transform = transform
+        self.workers = workers
+        # Up to `prefetch` finished batches wait while `workers` more are being built.
+        self.window = prefetch + workers
+        keep = self.window + 2
+        self.pools = [BufferPool(sampler.batch_size * ds.record_bytes, keep)
+                      for _, ds, *_ in self.streams]
+        self.cond = threading.Condition()
+        self.ready: dict[int, Any] = {}
+        self.next_step = sampler.step  # the consumer's position
+        self.claim = self.next_step    # the next step a worker will build
+        self.generation = 0            # bumped by seek, so stale work is dropped
+        self.threads: list[threading.Thread] = []
+        self.closed = False
+        self.pid = os.getpid()
+
+    @property
+    def step(self) -> int:
+        return self.next_step
+
+    # -- consumer side -------------------------------------------------------------------------
+
+    def next(self) -> Any:
+        if self.pid != os.getpid():
+            raise LoaderClosedError("this DataLoader was created in another process; its "
+                                    "threads do not survive fork -- create it in the child")
+        with self.cond:
+            if self.closed:
+                raise LoaderClosedError("the DataLoader is closed")
+            if not self.threads:
+                self._start()
+            step = self.next_step
+            while step not in self.ready:
+                if self.closed:
+                    raise LoaderClosedError("the DataLoader was closed while waiting")
+                self.cond.wait()
+            item = self.ready.pop(step)
+            self.next_step = step + 1
+            self.cond.notify_all()
+        if isinstance(item, _Failure):
+            self.stop()
+            raise item.error
+        return item
+
+    def seek(self, step: int) -> None:
+        with self.cond:
+            self.generation += 1
+            self.ready.clear()
+            self.next_step = self.claim = step
+            self.cond.notify_all()
+
+    def _start(self) -> None:
+        for i in range(self.workers):
+            t = threading.Thread(target=self._work, name=f"loaderx-prefetch-{i}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def stop(self) -> None:
+        with self.cond:
+            if self.closed:
+                return
+            self.closed = True
+            self.ready.clear()
+            self.cond.notify_all()
+            threads, self.threads = self.threads, []
+        me = threading.current_thread()
+        for t in threads:
+            if t is not me and self.pid == os.getpid():
+                t.join(_JOIN_SECONDS)
+        for pool in self.pools:
+            pool.close()
+        _live.discard(self)
+
+    # -- worker side ---------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        cond = self.cond
+        while True:
+            with cond:
+                while not self.closed and self.claim >= self.next_step + self.window:
+                    cond.wait()
+                if self.closed:
+                    return
+                step, generation = self.claim, self.generation
+                self.claim += 1
+            try:
+                item = self.transform(self._build(step))
+            except BaseException as e:  # noqa: BLE001 -- delivered to the consumer, not lost
+                item = _Failure(e)
+            with cond:
+                if self.closed:
+                    return
+                if generation == self.generation:
+                    self.ready[step] = item
+                    cond.notify_all()
+
+    def _build(self, step: int) -> dict[str, np.ndarray]:
+        idx = self.sampler.batch(step)
+        batch = {}
+        for (name, _, gather, row_bytes, shape, dtype), pool in zip(self.streams, self.pools):
+            out = pool.take(shape, dtype)
+            gather(idx, out.reshape(-1).view(np.uint8), row_bytes)
+            batch[name] = out
+        return batch
+
+
+# Loaders still running at interpreter exit are stopped first, so no prefetch thread is inside a
+# gather while the interpreter tears down.
+_live: weakref.WeakSet[_Pipeline] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for pipe in list(_live):
+        pipe.stop()

@@ -1,0 +1,306 @@
+"""Datasets: NumPy views of a loaderx store.
+
+:class:`DenseDataset` reads a dense store (written by :func:`loaderx.converter.from_numpy`):
+every record is one ``item_shape`` array, and any batch of records is gathered at a fixed
+stride straight into one ``(n, *item_shape)`` array. :class:`RaggedDataset` reads a ragged
+store (written by :func:`loaderx.converter.from_iterator`) into a list of arrays, and
+:func:`pad` turns such a list into one dense batch.
+
+>>> import numpy as np, tempfile, os
+>>> from loaderx.converter import from_numpy, from_iterator
+>>> root = tempfile.mkdtemp()
+>>> _ = from_numpy(os.path.join(root, "x"), np.arange(10, dtype=np.int16) * 10)
+>>> ds = DenseDataset(os.path.join(root, "x"))
+>>> ds[-1], ds[[3, 1]], ds[2:8:3], ds.dtype, ds.item_shape
+(np.int16(90), array([30, 10], dtype=int16), array([20, 50], dtype=int16), dtype('int16'), ())
+>>> _ = from_iterator(os.path.join(root, "t"), [np.arange(n, dtype=np.int32) for n in (3, 1, 2)])
+>>> pad(RaggedDataset(os.path.join(root, "t"))[[0, 1, 2]], pad_value=-1)
+(array([[ 0,  1,  2],
+       [ 0, -1, -1],
+       [ 0,  1, -1]], dtype=int32), array([3, 1, 2]))
+
+Datasets pickle by path, so they travel to worker processes started with ``spawn`` or
+``forkserver``, which reopen the store; they also keep working in ``fork``-ed children.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from loaderx import _schema
+from loaderx.errors import CorruptStoreError, DatasetError, ZrecordValueError
+from loaderx.zrecord import Zrecord
+
+__all__ = ["DenseDataset", "RaggedDataset", "pad"]
+
+_U64 = np.dtype(np.uint64)
+
+
+def _indices(idx: Any, n: int) -> np.ndarray:
+    """A slice, int array, sequence of ints or boolean mask as uint64 record indices in
+    ``range(n)`` (negative ones counted from the end), keeping the shape of an index array."""
+    if isinstance(idx, slice):
+        return np.arange(*idx.indices(n), dtype=np.uint64)
+    arr = idx if isinstance(idx, np.ndarray) else np.asarray(idx)
+    if arr.dtype == np.bool_:
+        if arr.shape != (n,):
+            raise IndexError(f"boolean index of shape {arr.shape} does not match the "
+                             f"dataset's length {n}")
+        return np.flatnonzero(arr).astype(np.uint64)
+    if arr.size == 0:
+        return np.empty(arr.shape, dtype=np.uint64)
+    if arr.dtype.kind not in "iu":
+        raise IndexError(f"dataset indices must be integers, got {arr.dtype} "
+                         f"({_short(idx)})")
+    if arr.dtype.kind == "i":
+        lo = int(arr.min())
+        if lo < -n:
+            raise IndexError(f"index {lo} is out of range for a dataset of {n} records")
+        if lo < 0:
+            arr = np.where(arr < 0, arr + n, arr)
+    hi = int(arr.max())
+    if hi >= n:
+        raise IndexError(f"index {hi} is out of range for a dataset of {n} records")
+    return arr.astype(np.uint64, copy=False)
+
+
+def _one_index(idx: Any, n: int) -> int | None:
+    """``idx`` as a record index when it is a single integer, else None."""
+    if isinstance(idx, (bool, np.bool_)):
+        raise IndexError("a boolean is not a dataset index")
+    if isinstance(idx, (int, np.integer)):
+        i = int(idx)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} is out of range for a dataset of {n} records")
+        return i + n if i < 0 else i
+    if isinstance(idx, (float, np.floating)):
+        raise IndexError(f"dataset indices must be integers, got {idx!r}")
+    return None
+
+
+def _short(obj: Any) -> str:
+    text = repr(obj)
+    return text if len(text) < 60 else text[:57] + "..."
+
+
+class _StoreView:
+    """What both dataset kinds share: the schema, the store handle, lifecycle and pickling."""
+
+    _kind = ""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._path = os.fspath(path)
+        schema = _schema.read(self._path)
+        if schema.kind != self._kind:
+            other = "DenseDataset" if schema.kind == "dense" else "RaggedDataset"
+            raise DatasetError(f"{self._path} holds a {schema.kind} dataset; open it with "
+                               f"{other}")
+        self._schema = schema
+        self._store = Zrecord(self._path)
+
+    @property
+    def path(self) -> str:
+        """The dataset directory."""
+        return self._path
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Element type of every record."""
+        return self._schema.dtype
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        """A dense record's shape, or a ragged record's trailing dimensions."""
+        return self._schema.item_shape
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """``schema.msgpack`` as a dict (including any extra keys written with the data)."""
+        s = self._schema
+        return {"kind": s.kind, "dtype": s.dtype.str, "item_shape": list(s.item_shape),
+                "format": _schema.FORMAT, "version": _schema.VERSION, "codec": s.codec,
+                **s.extra}
+
+    @property
+    def store(self) -> Zrecord:
+        """The underlying byte-record store."""
+        return self._store
+
+    @property
+    def closed(self) -> bool:
+        return self._store.closed
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def close(self) -> None:
+        """Closes the store handle; closing twice is harmless."""
+        self._store.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self._path,))
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"records={len(self)}"
+        return (f"{type(self).__name__}({self._path!r}, {state}, dtype={self.dtype.str}, "
+                f"item_shape={self.item_shape})")
+
+
+class DenseDataset(_StoreView):
+    """Fixed-shape records of a dense store, read into NumPy arrays.
+
+    ``ds[i]`` is one record (like ``array[i]``: an ``item_shape`` array, or a NumPy scalar for
+    a store of scalars); ``ds[idx]`` with a list, an integer array, a slice or a boolean mask
+    is a new ``(n, *item_shape)`` array gathered in one native call. Negative indices count
+    from the end; an out-of-range or non-integer index raises ``IndexError``.
+    """
+
+    _kind = "dense"
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self._row_bytes = self._schema.item_bytes
+        self._gather_fixed = self._store._native.gather_fixed
+
+    @property
+    def record_bytes(self) -> int:
+        """Bytes of one record."""
+        return self._row_bytes
+
+    def __getitem__(self, idx: Any) -> Any:
+        if isinstance(idx, tuple):
+            if not idx:
+                raise IndexError("an empty tuple is not a dataset index")
+            head = self[idx[0]]
+            rest = idx[1:]
+            return head[rest] if _one_index(idx[0], len(self)) is not None \
+                else head[(slice(None), *rest)]
+        one = _one_index(idx, len(self))
+        if one is not None:
+            return self.gather(np.array([one], dtype=np.uint64))[0]
+        flat = _indices(idx, len(self))
+        out = self.gather(flat.reshape(-1))
+        return out.reshape(flat.shape + self.item_shape)
+
+    def __getitems__(self, idxs: Sequence[int]) -> np.ndarray:
+        """Batch fetch, as torch's DataLoader calls it: the records as one array."""
+        return self.gather(_indices(idxs, len(self)).reshape(-1))
+
+    def gather(self, idxs: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """Records ``idxs`` (non-negative integers) as a ``(len(idxs), *item_shape)`` array,
+        written into ``out`` when given (a C-contiguous, writable array of exactly that shape
+        and the dataset's dtype), so a loop can reuse one buffer."""
+        if not (isinstance(idxs, np.ndarray) and idxs.dtype == _U64 and idxs.ndim == 1):
+            idxs = _indices(idxs, len(self)).reshape(-1)
+        shape = (len(idxs), *self.item_shape)
+        if out is None:
+            out = np.empty(shape, dtype=self.dtype)
+        else:
+            self._check_out(out, shape)
+        if len(idxs):
+            self._gather_fixed(idxs, out.reshape(-1).view(np.uint8), self._row_bytes)
+        return out
+
+    def _check_out(self, out: Any, shape: tuple[int, ...]) -> None:
+        if not isinstance(out, np.ndarray):
+            raise ZrecordValueError(f"out must be a NumPy array, got {type(out).__name__}")
+        if out.dtype != self.dtype or out.shape != shape:
+            raise ZrecordValueError(f"out is {out.dtype}{out.shape}; this gather needs "
+                                    f"{self.dtype}{shape}")
+        if not out.flags.c_contiguous:
+            raise ZrecordValueError("out must be C-contiguous")
+        if not out.flags.writeable:
+            raise ZrecordValueError("out is read-only")
+
+
+class RaggedDataset(_StoreView):
+    """Variable-length records of a ragged store, read into lists of NumPy arrays.
+
+    ``ds[i]`` is one record, an array of shape ``(length_i, *item_shape)``; ``ds[idx]`` with a
+    list, an integer array, a slice or a boolean mask is a list of such arrays, all views into
+    one buffer filled by a single native gather.
+    """
+
+    _kind = "ragged"
+
+    def __getitem__(self, idx: Any) -> Any:
+        one = _one_index(idx, len(self))
+        if one is not None:
+            return self._read(np.array([one], dtype=np.uint64))[0]
+        return self._read(_indices(idx, len(self)).reshape(-1))
+
+    def __getitems__(self, idxs: Sequence[int]) -> list[np.ndarray]:
+        return self._read(_indices(idxs, len(self)).reshape(-1))
+
+    def lengths(self, idxs: Any) -> np.ndarray:
+        """The number of rows (first-axis length) of each record, as int64."""
+        flat = _indices(idxs, len(self)).reshape(-1)
+        return self._rows(self._store.lengths(flat), flat)
+
+    def _rows(self, nbytes: np.ndarray, idxs: np.ndarray) -> np.ndarray:
+        unit = self._schema.item_bytes
+        if unit == 0:
+            return np.zeros(len(nbytes), dtype=np.int64)
+        rows, rem = np.divmod(nbytes.astype(np.int64), unit)
+        if rem.any():
+            k = int(np.flatnonzero(rem)[0])
+            raise CorruptStoreError(f"record {int(idxs[k])} of {self._path} holds {nbytes[k]} "
+                                    f"bytes, not a whole number of {unit}-byte rows")
+        return rows
+
+    def _read(self, idxs: np.ndarray) -> list[np.ndarray]:
+        nbytes = self._store.lengths(idxs)
+        rows = self._rows(nbytes, idxs)
+        ends = np.cumsum(nbytes, dtype=np.uint64)
+        offsets = ends - nbytes
+        buf = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
+        if len(idxs):
+            self._store.gather(idxs, buf, offsets)
+        return [
+            buf[int(o):int(e)].view(self.dtype).reshape((int(r), *self.item_shape))
+            for o, e, r in zip(offsets, ends, rows)
+        ]
+
+
+def pad(records: Sequence[Any], max_len: int | None = None,
+        pad_value: Any = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Stacks variable-length records into one ``(len(records), max_len, *trailing)`` array,
+    filling the tail of each row with ``pad_value``; returns it with the records' lengths.
+
+    ``max_len`` defaults to the longest record and must not be shorter than it: ``pad`` never
+    truncates. All records need the same trailing dimensions; the result has their common dtype.
+    """
+    arrays = [np.asarray(r) for r in records]
+    if not arrays:
+        raise ValueError("pad() needs at least one record to know the dtype and shape")
+    for i, a in enumerate(arrays):
+        if a.ndim == 0:
+            raise ValueError(f"record {i} is a scalar; pad() stacks records along their first axis")
+        if a.shape[1:] != arrays[0].shape[1:]:
+            raise ValueError(f"record {i} has trailing shape {a.shape[1:]}, record 0 has "
+                             f"{arrays[0].shape[1:]}")
+    lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+    longest = int(lengths.max())
+    if max_len is None:
+        max_len = longest
+    elif isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 0:
+        raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
+    elif max_len < longest:
+        k = int(lengths.argmax())
+        raise ValueError(f"record {k} has {longest} rows, more than max_len={max_len}; pad() "
+                         "does not truncate (slice the records first)")
+    dtype = np.result_type(*{a.dtype for a in arrays})
+    out = np.full((len(arrays), int(max_len), *arrays[0].shape[1:]), pad_value, dtype=dtype)
+    for i, a in enumerate(arrays):
+        out[i, : len(a)] = a
+    return out, lengths

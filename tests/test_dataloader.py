@@ -1,0 +1,306 @@
+"""The DataLoader: batches against a reference model (sampler indices gathered by NumPy), order
+and determinism across worker counts, resume, lifecycle, error delivery and buffer recycling."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from loaderx.converter import from_iterator, from_numpy
+from loaderx.dataloader import DataLoader
+from loaderx.dataset import DenseDataset, RaggedDataset
+from loaderx.errors import LoaderClosedError
+from loaderx.sampler import Sampler
+
+N = 103
+DATA = (np.arange(N * 6, dtype=np.float32) * 0.5).reshape(N, 2, 3)
+LABEL = np.arange(N, dtype=np.int64) * 11
+
+
+@pytest.fixture(scope="module")
+def streams(tmp_path_factory):
+    root = tmp_path_factory.mktemp("streams")
+    from_numpy(root / "data", DATA, codec="zstd")
+    from_numpy(root / "label", LABEL, codec="raw")
+    s = {"data": DenseDataset(root / "data"), "label": DenseDataset(root / "label")}
+    yield s
+    for ds in s.values():
+        ds.close()
+
+
+def expected(step: int, batch_size: int, mode, seed) -> dict[str, np.ndarray]:
+    idx = Sampler(N, batch_size, mode, seed).batch(step).astype(np.int64)
+    return {"data": DATA[idx], "label": LABEL[idx]}
+
+
+def take(loader: DataLoader, n: int) -> list[dict[str, np.ndarray]]:
+    return [next(loader) for _ in range(n)]
+
+
+@pytest.mark.parametrize("mode", ["cyclic", "iid", "sequential", 0, 1, 2])
+@pytest.mark.parametrize("workers", [1, 3, 8])
+def test_batches_match_the_model_in_step_order(streams, mode, workers):
+    with DataLoader(streams, batch_size=10, num_workers=workers, prefetch_size=2, mode=mode,
+                    seed=5) as loader:
+        for step, batch in enumerate(take(loader, 25)):
+            want = expected(step, 10, mode, 5)
+            assert set(batch) == {"data", "label"}
+            assert batch["data"].shape == (10, 2, 3) and batch["data"].dtype == np.float32
+            np.testing.assert_array_equal(batch["data"], want["data"])
+            np.testing.assert_array_equal(batch["label"], want["label"])
+        assert loader.step == 25
+
+
+def test_cyclic_is_the_default_and_covers_evenly(streams):
+    with DataLoader(streams, batch_size=10) as loader:
+        assert loader.mode.name == "CYCLIC"
+        seen = np.concatenate([b["label"] // 11 for b in take(loader, N // 10)])
+    assert len(set(seen.tolist())) == len(seen) == (N // 10) * 10
+
+
+def test_same_seed_same_batches_any_worker_count(streams):
+    runs = []
+    for workers in (1, 2, 5):
+        with DataLoader(streams, batch_size=7, num_workers=workers, seed=123) as loader:
+            runs.append(np.stack([b["label"] for b in take(loader, 30)]))
+    assert all((r == runs[0]).all() for r in runs)
+    with DataLoader(streams, batch_size=7, seed=124) as other:
+        assert not (np.stack([b["label"] for b in take(other, 30)]) == runs[0]).all()
+
+
+def test_seek_start_step_and_resume(streams):
+    with DataLoader(streams, batch_size=8, seed=9, num_workers=3) as full:
+        reference = [b["label"] for b in take(full, 40)]
+    with DataLoader(streams, batch_size=8, seed=9, start_step=17) as late:
+        assert late.step == 17
+        np.testing.assert_array_equal(next(late)["label"], reference[17])
+        late.seek(3)
+        np.testing.assert_array_equal(next(late)["label"], reference[3])
+        assert late.step == 4
+    # Interrupted run: checkpoint at step 12, a new loader resumes from it.
+    with DataLoader(streams, batch_size=8, seed=9, num_workers=2) as first:
+        take(first, 12)
+        state = first.state_dict()
+    assert state["step"] == 12 and state["length"] == N and state["mode"] == "cyclic"
+    with DataLoader(streams, batch_size=8, seed=9, num_workers=4) as resumed:
+        resumed.load_state_dict(state)
+        for step in range(12, 40):
+            np.testing.assert_array_equal(next(resumed)["label"], reference[step])
+
+
+def test_state_from_another_configuration_or_changed_data_is_refused(streams, tmp_path):
+    with DataLoader(streams, batch_size=8, seed=9) as loader:
+        state = loader.state_dict()
+    with DataLoader(streams, batch_size=8, seed=10) as other:
+        with pytest.raises(ValueError, match="seed"):
+            other.load_state_dict(state)
+    # The store grew since the checkpoint.
+    from_numpy(tmp_path / "x", DATA)
+    from_numpy(tmp_path / "y", LABEL)
+    from_numpy(tmp_path / "x", DATA[:1])
+    from_numpy(tmp_path / "y", LABEL[:1])
+    grown = {"data": DenseDataset(tmp_path / "x"), "label": DenseDataset(tmp_path / "y")}
+    with DataLoader(grown, batch_size=8, seed=9) as loader:
+        with pytest.raises(ValueError, match="data changed"):
+            loader.load_state_dict(state)
+        assert loader.step == 0
+
+
+def test_construction_errors(streams, tmp_path):
+    from_numpy(tmp_path / "short", LABEL[:50])
+    short = DenseDataset(tmp_path / "short")
+    with pytest.raises(ValueError, match="same length"):
+        DataLoader({"a": streams["data"], "b": short})
+    from_iterator(tmp_path / "r", [np.arange(3)])
+    with pytest.raises(TypeError, match="dense"):
+        DataLoader({"r": RaggedDataset(tmp_path / "r")})
+    with pytest.raises(ValueError):
+        DataLoader({})
+    with pytest.raises(ValueError, match="mode"):
+        DataLoader(streams, mode="shuffle")
+    with pytest.raises(ValueError, match="batch_size"):
+        DataLoader(streams, mode="cyclic", batch_size=N + 1)
+    with pytest.raises(ValueError, match="num_workers"):
+        DataLoader(streams, num_workers=0)
+    with pytest.raises(TypeError):
+        DataLoader(streams, 32)  # keyword-only after streams
+    with DataLoader(streams, batch_size=4) as loader:
+        with pytest.raises(TypeError, match="endless"):
+            len(loader)
+
+
+def test_transform_runs_on_prefetch_threads(streams):
+    names = set()
+
+    def collate(batch):
+        names.add(threading.current_thread().name)
+        return {"x": batch["data"].reshape(len(batch["data"]), -1) * 2, "y": batch["label"]}
+
+    with DataLoader(streams, batch_size=5, transform=collate, seed=1) as loader:
+        b = next(loader)
+        want = expected(0, 5, "cyclic", 1)
+        np.testing.assert_array_equal(b["x"], want["data"].reshape(5, -1) * 2)
+    assert names and all(n.startswith("loaderx-prefetch") for n in names)
+
+
+class Boom(Exception):
+    pass
+
+
+def test_transform_error_reaches_the_consumer_with_its_traceback(streams):
+    def collate(batch):
+        raise Boom("bad batch in collate")
+
+    loader = DataLoader(streams, batch_size=4, transform=collate)
+    t0 = time.monotonic()
+    with pytest.raises(Boom, match="bad batch in collate") as info:
+        next(loader)
+    assert time.monotonic() - t0 < 5
+    frames = [f.name for f in info.traceback]
+    assert "collate" in frames
+    assert loader.closed
+    with pytest.raises(LoaderClosedError):
+        next(loader)
+
+
+def test_errors_arrive_in_step_order(streams):
+    # In sequential mode batch k starts at record 4k, so a batch tells its own step.
+    def tagged(batch):
+        step = int(batch["label"][0] // 11) // 4
+        if step == 6:
+            raise Boom(f"step {step}")
+        return step
+
+    with DataLoader(streams, batch_size=4, mode="sequential", num_workers=4,
+                    transform=tagged) as loader:
+        assert [next(loader) for _ in range(6)] == list(range(6))
+        with pytest.raises(Boom, match="step 6"):
+            next(loader)
+
+
+def test_gather_error_reaches_the_consumer(tmp_path):
+    from_numpy(tmp_path / "d", np.ones((20, 4), np.float32))
+    ds = DenseDataset(tmp_path / "d")
+    loader = DataLoader({"d": ds}, batch_size=4)
+    ds.close()  # the gather on the prefetch thread fails
+    with pytest.raises(Exception, match="closed"):
+        next(loader)
+    assert loader.closed
+
+
+def test_close_joins_threads_promptly_even_when_the_queue_is_full(streams):
+    before = threading.active_count()
+    loader = DataLoader(streams, batch_size=4, num_workers=4, prefetch_size=2)
+    next(loader)
+    time.sleep(0.2)  # every worker now waits on a full window
+    t0 = time.monotonic()
+    loader.close()
+    assert time.monotonic() - t0 < 1.0
+    assert threading.active_count() == before
+    assert not streams["data"].closed, "close() leaves the datasets open"
+    loader.close()
+
+
+def test_a_slow_consumer_and_early_stop(streams):
+    with DataLoader(streams, batch_size=4, num_workers=2, prefetch_size=1) as loader:
+        for i, _ in enumerate(loader):
+            time.sleep(0.01)
+            if i == 5:
+                break
+    assert loader.closed
+
+
+def test_many_open_close_cycles_leak_nothing(streams):
+    gc.collect()
+    threads = threading.active_count()
+    fds = len(os.listdir("/proc/self/fd"))
+    for i in range(1000):
+        loader = DataLoader(streams, batch_size=4, num_workers=2)
+        if i % 10 == 0:
+            next(loader)
+        loader.close()
+    gc.collect()
+    assert threading.active_count() == threads
+    assert len(os.listdir("/proc/self/fd")) <= fds
+
+
+def test_a_dropped_loader_stops_its_threads(streams):
+    threads = threading.active_count()
+    loader = DataLoader(streams, batch_size=4, num_workers=3)
+    next(loader)
+    del loader
+    gc.collect()
+    deadline = time.monotonic() + 2
+    while threading.active_count() > threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == threads
+
+
+def test_program_exits_promptly_without_close(streams):
+    code = textwrap.dedent(f"""
+        from loaderx.dataset import DenseDataset
+        from loaderx.dataloader import DataLoader
+        s = {{"d": DenseDataset({streams['data'].path!r})}}
+        loader = DataLoader(s, batch_size=8, num_workers=4)
+        next(loader)
+        print("done")
+    """)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "done"
+    assert time.monotonic() - t0 < 10
+
+
+def test_buffers_are_recycled_but_never_while_visible(streams):
+    with DataLoader(streams, batch_size=16, num_workers=2, prefetch_size=2, seed=3) as loader:
+        kept = next(loader)
+        kept_view = kept["data"][3:5]
+        kept_copy = {k: v.copy() for k, v in kept.items()}
+        del kept
+        for step in range(1, 300):
+            b = next(loader)
+            np.testing.assert_array_equal(b["label"], expected(step, 16, "cyclic", 3)["label"])
+        np.testing.assert_array_equal(kept_view, kept_copy["data"][3:5])
+        pools = loader._pipe.pools
+        # 299 batches were handed out, a few buffers served them all.
+        assert all(p.allocated <= loader._pipe.window + 4 for p in pools)
+        # Batches the consumer keeps are never overwritten.
+        keep = [next(loader) for _ in range(40)]
+        copies = [b["label"].copy() for b in keep]
+        take(loader, 50)
+        assert all((b["label"] == c).all() for b, c in zip(keep, copies))
+        assert len({id(b["label"]) for b in keep}) == 40
+
+
+def test_each_step_is_a_new_array(streams):
+    with DataLoader(streams, batch_size=4) as loader:
+        a = next(loader)["label"]
+        b = next(loader)["label"]
+        assert not np.shares_memory(a, b)
+
+
+def test_use_in_a_forked_child_is_a_clear_error(streams):
+    loader = DataLoader(streams, batch_size=4)
+    next(loader)
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            next(loader)
+        except LoaderClosedError as e:
+            os._exit(0 if "fork" in str(e) else 2)
+        except BaseException:
+            os._exit(3)
+        os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    next(loader)  # the parent's loader still works
+    loader.close()
