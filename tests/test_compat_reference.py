@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 import ref_peer
+from loaderx.converter import from_iterator, from_numpy
+from loaderx.dataset import DenseDataset, RaggedDataset
 from loaderx.zrecord import Zrecord
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -88,3 +90,39 @@ def test_we_read_what_the_reference_writes(peer, tmp_path):
         z.append(*ref_peer.pack(extra), codec="zstd_dict")
     peer("read", str(store), str(tmp_path / "back.npz"))
     assert load(tmp_path / "back.npz") == expected + extra
+
+
+def test_reference_reads_datasets_we_convert(peer, tmp_path):
+    for codec, arr in ref_peer.dense_arrays():
+        from_numpy(tmp_path / "dense", arr, codec=codec)
+    from_iterator(tmp_path / "ragged", ref_peer.ragged_arrays())
+    peer("dsread", str(tmp_path), str(tmp_path / "read.npz"))
+    with np.load(tmp_path / "read.npz") as got:
+        dense = np.concatenate([a for _, a in ref_peer.dense_arrays()])
+        np.testing.assert_array_equal(got["dense"], dense)
+        ragged = ref_peer.ragged_arrays()
+        assert len(got.files) == 1 + len(ragged)
+        for i, rec in enumerate(ragged):
+            assert got[f"ragged_{i}"].dtype == rec.dtype
+            np.testing.assert_array_equal(got[f"ragged_{i}"], rec)
+
+
+def test_we_read_and_extend_datasets_the_reference_converts(peer, tmp_path):
+    peer("dswrite", str(tmp_path), str(tmp_path / "written.npz"))
+    dense = np.concatenate([a for _, a in ref_peer.dense_arrays()])
+    ragged = ref_peer.ragged_arrays()
+    with DenseDataset(tmp_path / "dense") as ds:
+        np.testing.assert_array_equal(ds[:], dense)
+    with RaggedDataset(tmp_path / "ragged") as rs:
+        got = rs[:]
+        assert len(got) == len(ragged)
+        for g, r in zip(got, ragged):
+            np.testing.assert_array_equal(g, r)
+    # Append with our converters, then the reference reads the whole thing.
+    more = dense[:5] * 2
+    from_numpy(tmp_path / "dense", more, codec="zstd_dict")
+    from_iterator(tmp_path / "ragged", [np.ones((3, 2), np.int16)])
+    peer("dsread", str(tmp_path), str(tmp_path / "read.npz"))
+    with np.load(tmp_path / "read.npz") as got:
+        np.testing.assert_array_equal(got["dense"], np.concatenate([dense, more]))
+        np.testing.assert_array_equal(got[f"ragged_{len(ragged)}"], np.ones((3, 2), np.int16))

@@ -35,11 +35,12 @@ short run. See :mod:`loaderx.sampler`.
 
 Threads: ``num_workers`` prefetch threads each build whole batches (sample, gather every
 stream, transform) for the steps they claim, up to ``prefetch_size`` batches ahead of the
-consumer. A gather releases the GIL and is itself split across the store's native pool (one
-thread per core, shared by every store in the process), and a worker stops at the native call
-until its batch is filled; so the cores are kept busy by the pool, and more workers only add
-overlap between one batch's Python work and the next batch's gather. There is no point in more
-workers than cores plus one or two; the default of 4 fits 2 to 16 cores.
+consumer. A gather releases the GIL and can be split across the store's native pool (one thread
+per core, shared by every store in the process). So that the two do not oversubscribe the
+cores, each worker splits its gathers into at most ``max(1, pool_threads // num_workers)``
+blocks: with as many workers as cores every gather runs on its own worker thread, with fewer
+workers each gather also uses the pool. ``loaderx._native.set_num_threads`` (or the
+``LOADERX_NUM_THREADS`` variable) sets the pool size.
 
 Memory: the arrays of a batch come from a pool of buffers that are reused once the consumer
 has dropped every reference to them (see ``loaderx._recycle``); steady state allocates nothing
@@ -58,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from loaderx import _native
 from loaderx._recycle import BufferPool
 from loaderx.dataset import DenseDataset
 from loaderx.errors import LoaderClosedError
@@ -346,10 +348,11 @@ class _Pipeline:
 
     def _build(self, step: int) -> dict[str, np.ndarray]:
         idx = self.sampler.batch(step)
+        shards = max(1, _native.num_threads() // self.workers)
         batch = {}
         for (name, _, gather, row_bytes, shape, dtype), pool in zip(self.streams, self.pools):
             out = pool.take(shape, dtype)
-            gather(idx, out.reshape(-1).view(np.uint8), row_bytes)
+            gather(idx, out.reshape(-1).view(np.uint8), row_bytes, shards)
             batch[name] = out
         return batch
 

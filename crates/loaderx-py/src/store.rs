@@ -102,18 +102,22 @@ impl PyStore {
         py.detach(|| store.gather(&idxs, dst, &offsets)).py()
     }
 
-    /// Fixed-stride gather: record `idxs[i]` lands at byte `i * record_len` of `dst`.
+    /// Fixed-stride gather: record `idxs[i]` lands at byte `i * record_len` of `dst`, split
+    /// into at most `max_shards` parallel blocks (all pool threads when not given).
+    #[pyo3(signature = (idxs, dst, record_len, max_shards=None))]
     fn gather_fixed(
         &self,
         py: Python<'_>,
         idxs: PyBuffer<u64>,
         dst: PyBuffer<u8>,
         record_len: usize,
+        max_shards: Option<usize>,
     ) -> PyResult<()> {
         let store = self.get()?;
         let idxs = idxs.to_vec(py)?;
         let dst = slice_mut(&dst, "destination")?;
-        py.detach(|| store.gather_fixed(&idxs, dst, record_len)).py()
+        let shards = max_shards.unwrap_or(usize::MAX);
+        py.detach(|| store.gather_fixed(&idxs, dst, record_len, shards)).py()
     }
 
     fn lengths_into(

@@ -5,7 +5,7 @@
 use crate::codec::Decoder;
 use crate::error::{Error, Result};
 use crate::format::{Codec, RecordLoc, MAX_RECORD_BYTES};
-use crate::pool::run_sharded;
+use crate::pool::run_sharded_at_most;
 use crate::store::Store;
 
 /// One record to read: its index, its table entry and where it goes.
@@ -37,14 +37,22 @@ impl Store {
             locs.push(self.meta.entry(index));
         }
         let mut slots = split_destination(&self.meta_path, dst, indices, &locs, dst_offsets)?;
-        self.read_slots(&mut slots)
+        self.read_slots(&mut slots, usize::MAX)
     }
 
     /// Reads record `indices[i]` into `dst[i * record_len..][..record_len]`: the fixed-stride
     /// gather of a dense dataset. `dst` must hold exactly `indices.len() * record_len` bytes and
     /// every record must be exactly `record_len` bytes long (a record of another length is a
     /// store that does not match its schema, reported as corrupt before anything is written).
-    pub fn gather_fixed(&self, indices: &[u64], dst: &mut [u8], record_len: usize) -> Result<()> {
+    /// The batch is split into at most `max_shards` parallel blocks (`usize::MAX`: one per pool
+    /// thread; 1: on the calling thread).
+    pub fn gather_fixed(
+        &self,
+        indices: &[u64],
+        dst: &mut [u8],
+        record_len: usize,
+        max_shards: usize,
+    ) -> Result<()> {
         let _guard = self.activity.shared("gather")?;
         let want = indices.len().checked_mul(record_len);
         if want != Some(dst.len()) {
@@ -82,14 +90,14 @@ impl Store {
             .zip(indices.iter().zip(locs))
             .map(|(dst, (&index, loc))| Slot { index, loc, dst })
             .collect();
-        self.read_slots(&mut slots)
+        self.read_slots(&mut slots, max_shards)
     }
 
     /// Fills every slot, sharded across the pool.
-    fn read_slots(&self, slots: &mut [Slot<'_>]) -> Result<()> {
+    fn read_slots(&self, slots: &mut [Slot<'_>], max_shards: usize) -> Result<()> {
         let total: usize = slots.iter().map(|s| s.dst.len()).sum();
         let dict = self.dictionary();
-        run_sharded(slots, total, |block: &mut [Slot<'_>]| -> Result<()> {
+        run_sharded_at_most(slots, total, max_shards, |block: &mut [Slot<'_>]| -> Result<()> {
             let mut decoder = Decoder::new(dict);
             for s in block.iter_mut() {
                 self.read_record(s.index, &s.loc, s.dst, &mut decoder)?;

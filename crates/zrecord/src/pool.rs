@@ -107,8 +107,25 @@ where
     E: Send,
     F: Fn(&mut [T]) -> Result<(), E> + Sync,
 {
+    run_sharded_at_most(items, total_bytes, usize::MAX, work)
+}
+
+/// [`run_sharded`] with at most `max_shards` blocks: a caller that already runs several such
+/// calls side by side (a loader's prefetch threads) asks for fewer, so that callers times
+/// shards stays near the number of cores. `max_shards <= 1` runs inline.
+pub fn run_sharded_at_most<T, E, F>(
+    items: &mut [T],
+    total_bytes: usize,
+    max_shards: usize,
+    work: F,
+) -> Result<(), E>
+where
+    T: Send,
+    E: Send,
+    F: Fn(&mut [T]) -> Result<(), E> + Sync,
+{
     let by_bytes = total_bytes / MIN_SHARD_BYTES;
-    let shards = num_threads().min(items.len()).min(by_bytes.max(1));
+    let shards = num_threads().min(max_shards).min(items.len()).min(by_bytes.max(1));
     if shards <= 1 {
         return work(items);
     }

@@ -184,7 +184,10 @@ fn fixed_stride_gather_matches_records_and_checks_lengths() {
         let mut rng = Rng(9);
         let idx: Vec<u64> = (0..256).map(|_| rng.below(300)).collect();
         let mut dst = vec![0u8; idx.len() * 12 * 1024];
-        store.gather_fixed(&idx, &mut dst, 12 * 1024).unwrap();
+        store.gather_fixed(&idx, &mut dst, 12 * 1024, usize::MAX).unwrap();
+        let mut inline = vec![0u8; dst.len()];
+        store.gather_fixed(&idx, &mut inline, 12 * 1024, 1).unwrap();
+        assert_eq!(inline, dst);
         for (row, &i) in dst.chunks_exact(12 * 1024).zip(&idx) {
             assert_eq!(row, &recs[i as usize][..]);
         }
@@ -192,11 +195,11 @@ fn fixed_stride_gather_matches_records_and_checks_lengths() {
         // is written; so are a wrong destination size and an index past the end.
         store.append(&[1, 2, 3], &[0], None).unwrap();
         let mut dst = vec![5u8; 2 * 12 * 1024];
-        let e = store.gather_fixed(&[0, 300], &mut dst, 12 * 1024).unwrap_err();
+        let e = store.gather_fixed(&[0, 300], &mut dst, 12 * 1024, 2).unwrap_err();
         assert!(matches!(e, Error::Corrupt { ref detail, .. } if detail.contains("record 300")));
-        let e = store.gather_fixed(&[0], &mut dst, 12 * 1024).unwrap_err();
+        let e = store.gather_fixed(&[0], &mut dst, 12 * 1024, 2).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
-        let e = store.gather_fixed(&[0, 301], &mut dst, 12 * 1024).unwrap_err();
+        let e = store.gather_fixed(&[0, 301], &mut dst, 12 * 1024, 2).unwrap_err();
         assert!(matches!(e, Error::IndexOutOfRange { index: 301, len: 301 }), "{e}");
         assert!(dst.iter().all(|&b| b == 5));
     }

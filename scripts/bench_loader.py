@@ -1,0 +1,355 @@
+"""Loader layer of the benchmark: the whole input pipeline (sample, fetch, collate, hand over).
+
+Workload: 20000 records of 12 KiB (the store benchmark's data) plus int64 labels, batch 256,
+4 workers, identity transform. Rows:
+
+* loaderx / loaderx-raw -- ``DataLoader`` over zstd and raw stores (mode cyclic);
+* gathers / gathers-raw -- the same stores read back to back with ``DenseDataset.gather`` at the
+  loader's exact indices, one new array per stream per batch: what the pipeline costs over the
+  store is the ratio of the two;
+* loaderx, no recycling -- the loader with its buffer pool disabled (every batch a fresh array);
+* torch -- ``torch.utils.data.DataLoader`` over a map-style dataset on the ``np.load(mmap_mode='r')``
+  arrays, 4 worker processes, ``persistent_workers=True``, shuffled, batches of 256; the better of
+  per-item fetching and batched ``__getitems__`` fetching;
+* grain -- ``grain.python.DataLoader`` over the same arrays, 4 worker processes;
+* augment -- a CPU-heavy Python transform (a per-sample Python loop) on loaderx and torch.
+
+Every figure is the median of several runs; each run times a fixed number of batches after a
+warm-up (which also starts worker processes). RssAnon growth over a long loaderx run is reported
+against the size of the prefetch buffers.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from bench_store import make_data
+
+N, SIZE, BATCH, WORKERS = 20000, 12 * 1024, 256, 4
+SAMPLE_BYTES = SIZE + 8
+
+
+def anon_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    return 0
+
+
+def augment(batch):
+    """A Python-bound per-sample loop: the kind of transform the GIL serializes."""
+    out = []
+    for img in batch["data"]:
+        v = img[::16]
+        out.append(float(v.sum()) / (1 + len(v)))
+    return {"data": batch["data"], "label": batch["label"], "score": out}
+
+
+def time_iter(it, batches: int, warm: int = 20) -> float:
+    for _ in range(warm):
+        next(it)
+    t = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return time.perf_counter() - t
+
+
+# -- loaderx -------------------------------------------------------------------------------------
+
+
+def loaderx_run(root: pathlib.Path, kind: str, batches: int, transform=None, recycle=True):
+    from loaderx.dataloader import DataLoader
+    from loaderx.dataset import DenseDataset
+
+    streams = {"data": DenseDataset(root / f"data-{kind}"), "label": DenseDataset(root / "label")}
+    kw = {} if transform is None else {"transform": transform}
+    with DataLoader(streams, batch_size=BATCH, num_workers=WORKERS, **kw) as loader:
+        if not recycle:
+            for pool in loader._pipe.pools:
+                pool.keep = 0
+        elapsed = time_iter(loader, batches)
+    for ds in streams.values():
+        ds.close()
+    return elapsed
+
+
+def gathers_run(root: pathlib.Path, kind: str, batches: int):
+    from loaderx.dataloader import DataLoader
+    from loaderx.dataset import DenseDataset
+
+    data, label = DenseDataset(root / f"data-{kind}"), DenseDataset(root / "label")
+    with DataLoader({"data": data, "label": label}, batch_size=BATCH) as loader:
+        steps = [loader.batch_indices(s) for s in range(batches + 20)]
+
+    def it():
+        for idx in steps:
+            yield data.gather(idx), label.gather(idx)
+
+    elapsed = time_iter(it(), batches)
+    data.close()
+    label.close()
+    return elapsed
+
+
+def anon_growth(root: pathlib.Path, batches: int) -> tuple[int, int, int]:
+    """RssAnon growth in KiB from before the loader to its peak, the same from batch 100 on,
+    and the size of the prefetch buffers in KiB."""
+    from loaderx.dataloader import DataLoader
+    from loaderx.dataset import DenseDataset
+
+    streams = {"data": DenseDataset(root / "data-zstd"), "label": DenseDataset(root / "label")}
+    start = anon_kib()
+    with DataLoader(streams, batch_size=BATCH, num_workers=WORKERS) as loader:
+        for _ in range(100):
+            next(loader)
+        base = anon_kib()
+        peak = base
+        for i in range(batches):
+            next(loader)
+            if i % 50 == 0:
+                peak = max(peak, anon_kib())
+        buffers = (loader._pipe.window + 2) * BATCH * SAMPLE_BYTES // 1024
+    return peak - start, peak - base, buffers
+
+
+# -- torch ---------------------------------------------------------------------------------------
+
+
+class NpyItems:
+    """Map-style dataset over the memmapped .npy files, one sample per ``__getitem__``."""
+
+    def __init__(self, root: str, transform=None):
+        self.root, self.transform = root, transform
+        self.data = self.label = None
+
+    def _open(self):
+        if self.data is None:
+            self.data = np.load(os.path.join(self.root, "data.npy"), mmap_mode="r")
+            self.label = np.load(os.path.join(self.root, "label.npy"), mmap_mode="r")
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        self._open()
+        return {"data": np.array(self.data[i]), "label": int(self.label[i])}
+
+    def __getstate__(self):
+        return {"root": self.root, "transform": self.transform, "data": None, "label": None}
+
+
+class NpyBatches(NpyItems):
+    """The same, fetching a whole batch with one fancy index (``__getitems__``)."""
+
+    def __getitems__(self, idxs):
+        self._open()
+        idx = np.sort(np.asarray(idxs))
+        batch = {"data": self.data[idx], "label": self.label[idx]}
+        return [self.transform(batch) if self.transform else batch]
+
+
+def torch_collate_batches(items):
+    import torch
+
+    b = items[0]
+    return {k: torch.from_numpy(np.asarray(v)) if isinstance(v, np.ndarray) else v
+            for k, v in b.items()}
+
+
+def torch_run(root: pathlib.Path, batches: int, batched: bool, transform=None):
+    import torch
+    from torch.utils.data import DataLoader
+
+    torch.set_num_threads(1)
+    if batched:
+        ds = NpyBatches(str(root), transform)
+        loader = DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=WORKERS,
+                            persistent_workers=True, collate_fn=torch_collate_batches)
+    else:
+        if transform is not None:
+            return None
+        ds = NpyItems(str(root))
+        loader = DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=WORKERS,
+                            persistent_workers=True)
+
+    def endless():
+        while True:
+            yield from loader
+
+    try:
+        return time_iter(endless(), batches)
+    finally:
+        del loader
+
+
+# -- grain ---------------------------------------------------------------------------------------
+
+
+class GrainSource:
+    """Random-access source over the memmapped .npy files; reopened after unpickling."""
+
+    def __init__(self, root: str):
+        self.__setstate__({"root": root})
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return {"data": np.asarray(self.data[i]), "label": self.label[i]}
+
+    def __getstate__(self):
+        return {"root": self.root}
+
+    def __setstate__(self, state):
+        self.root = state["root"]
+        self.data = np.load(os.path.join(self.root, "data.npy"), mmap_mode="r")
+        self.label = np.load(os.path.join(self.root, "label.npy"), mmap_mode="r")
+
+
+def grain_run(root: pathlib.Path, batches: int):
+    import grain.python as gp
+
+    sampler = gp.IndexSampler(N, shard_options=gp.NoSharding(), shuffle=True, num_epochs=None,
+                              seed=0)
+    loader = gp.DataLoader(data_source=GrainSource(str(root)), sampler=sampler,
+                           operations=[gp.Batch(BATCH, drop_remainder=True)],
+                           worker_count=WORKERS)
+    return time_iter(iter(loader), batches, warm=5)
+
+
+# -- the table -----------------------------------------------------------------------------------
+
+
+def median_of(fn, repeats: int) -> float | None:
+    times = []
+    for _ in range(repeats):
+        t = fn()
+        if t is None:
+            return None
+        times.append(t)
+    return statistics.median(times)
+
+
+def row(name: str, seconds: float, batches: int, ref: float | None) -> str:
+    per = seconds / batches
+    bps = 1 / per
+    mib = bps * BATCH * SAMPLE_BYTES / 2**20
+    vs = f"{(1 / per) / (1 / ref):.2f}x" if ref else "-"
+    return (f"| {name} | {bps:,.1f} | {per * 1e3:.2f} | {bps * BATCH:,.0f} | {mib:,.0f} | {vs} |")
+
+
+def main(repeats: int = 5) -> None:
+    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-loader-"))
+    try:
+        from loaderx.converter import from_numpy
+
+        data = make_data(N, SIZE)
+        label = np.arange(N, dtype=np.int64) % 1000
+        np.save(root / "data.npy", data)
+        np.save(root / "label.npy", label)
+        del data
+        mm = np.load(root / "data.npy", mmap_mode="r")
+        from_numpy(root / "data-zstd", mm, codec="zstd", progress=False)
+        from_numpy(root / "data-raw", mm, codec="raw", progress=False)
+        from_numpy(root / "label", label, codec="raw", progress=False)
+        os.sync()
+
+        fast, slow = 1000, 150
+        results: dict[str, tuple[float, int]] = {}
+
+        def measure(name, fn, batches):
+            t = median_of(fn, repeats)
+            if t is not None:
+                results[name] = (t, batches)
+
+        measure("loaderx", lambda: loaderx_run(root, "zstd", fast), fast)
+        measure("loaderx-raw", lambda: loaderx_run(root, "raw", fast), fast)
+        measure("gathers (zstd store)", lambda: gathers_run(root, "zstd", fast), fast)
+        measure("gathers (raw store)", lambda: gathers_run(root, "raw", fast), fast)
+        measure("loaderx, no recycling", lambda: loaderx_run(root, "zstd", fast, recycle=False),
+                fast)
+        measure("loaderx-raw, no recycling",
+                lambda: loaderx_run(root, "raw", fast, recycle=False), fast)
+        torch_note = ""
+        try:
+            import torch  # noqa: F401
+
+            per_item = median_of(lambda: torch_run(root, slow, batched=False), repeats)
+            batched = median_of(lambda: torch_run(root, slow, batched=True), repeats)
+            best = min(per_item, batched)
+            torch_note = (f"torch per-item {slow / per_item:.1f} batches/s, "
+                          f"__getitems__ {slow / batched:.1f} batches/s; the table shows the "
+                          "better")
+            results["torch"] = (best, slow)
+        except ImportError:
+            torch_note = "torch not installed"
+        try:
+            import grain.python  # noqa: F401
+
+            measure("grain", lambda: grain_run(root, slow // 3), slow // 3)
+        except ImportError:
+            pass
+        measure("loaderx, augment", lambda: loaderx_run(root, "zstd", slow, transform=augment),
+                slow)
+        try:
+            import torch  # noqa: F401,F811
+
+            measure("torch, augment",
+                    lambda: torch_run(root, slow, batched=True, transform=augment), slow)
+        except ImportError:
+            pass
+
+        torch_t = results.get("torch")
+        ref = torch_t[0] / torch_t[1] if torch_t else None
+        print(f"\n## Loader -- {N} records of {SIZE // 1024} KiB + int64 labels, batch {BATCH}, "
+              f"{WORKERS} workers, medians of {repeats}\n")
+        print("| loader | batches/s | ms/batch | samples/s | MiB/s | vs torch |")
+        print("|---|---|---|---|---|---|")
+        for name, (t, b) in results.items():
+            print(row(name, t, b, ref))
+        print()
+        if torch_note:
+            print(torch_note)
+
+        def rate(name):
+            t, b = results[name]
+            return b / t
+
+        for kind, g in (("loaderx", "gathers (zstd store)"), ("loaderx-raw", "gathers (raw store)")):
+            print(f"{kind} / back-to-back gathers of the same indices: "
+                  f"{rate(kind) / rate(g):.2f}")
+        for kind in ("loaderx", "loaderx-raw"):
+            print(f"{kind} with recycling / without: "
+                  f"{rate(kind) / rate(kind + ', no recycling'):.2f}")
+        if "torch" in results:
+            print(f"loaderx / torch: {rate('loaderx') / rate('torch'):.2f}x; "
+                  f"loaderx-raw / torch: {rate('loaderx-raw') / rate('torch'):.2f}x")
+        if "torch, augment" in results:
+            print(f"augment: loaderx / torch: "
+                  f"{rate('loaderx, augment') / rate('torch, augment'):.2f}x")
+        # In a fresh process: this one's allocator already holds the memory of the runs above.
+        out = subprocess.run([sys.executable, __file__, "--anon", str(root)], check=True,
+                             capture_output=True, text=True).stdout.split()
+        total, grew, buffers = map(int, out[-3:])
+        print(f"RssAnon, 5100 batches: peak {total / 1024:.1f} MiB over the process before the "
+              f"loader, of which {grew / 1024:.1f} MiB after batch 100; the prefetch buffers "
+              f"(window + 2 batches) are {buffers / 1024:.1f} MiB")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--anon"]:
+        print(*anon_growth(pathlib.Path(sys.argv[2]), 5000))
+    else:
+        main()
