@@ -316,3 +316,35 @@ def test_converter_output_is_durable_on_return(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "d")], capture_output=True,
                        text=True, check=True)
     assert r.stdout.strip() == "100"
+
+
+def test_progress_bar_when_asked(tmp_path, monkeypatch):
+    """progress=True drives tqdm (a stand-in here) with the record count; progress=False and a
+    non-terminal stderr stay silent."""
+    import types
+
+    updates: list[int] = []
+
+    class FakeBar:
+        def __init__(self, total=None, desc=None, unit=None):
+            updates.append(-1 if total is None else total)
+
+        def update(self, n):
+            updates.append(n)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    fake = types.ModuleType("tqdm.auto")
+    fake.tqdm = FakeBar
+    monkeypatch.setitem(sys.modules, "tqdm", types.ModuleType("tqdm"))
+    monkeypatch.setitem(sys.modules, "tqdm.auto", fake)
+    from_numpy(tmp_path / "d", np.zeros((10, 4), np.uint8), chunk_bytes=16, progress=True)
+    assert updates[0] == 10 and sum(updates[1:]) == 10 and len(updates) == 4
+    updates.clear()
+    from_numpy(tmp_path / "e", np.zeros((10, 4), np.uint8), progress=False)
+    from_numpy(tmp_path / "f", np.zeros((10, 4), np.uint8))  # stderr is not a terminal here
+    assert updates == []

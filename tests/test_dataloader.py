@@ -222,10 +222,9 @@ def test_many_open_close_cycles_leak_nothing(streams):
     gc.collect()
     threads = threading.active_count()
     fds = len(os.listdir("/proc/self/fd"))
-    for i in range(1000):
+    for _ in range(1000):
         loader = DataLoader(streams, batch_size=4, num_workers=2)
-        if i % 10 == 0:
-            next(loader)
+        next(loader)
         loader.close()
     gc.collect()
     assert threading.active_count() == threads
@@ -304,3 +303,50 @@ def test_use_in_a_forked_child_is_a_clear_error(streams):
     assert os.waitstatus_to_exitcode(status) == 0
     next(loader)  # the parent's loader still works
     loader.close()
+
+
+def test_the_specs_examples_run_as_written(tmp_path, monkeypatch):
+    """The spec's Quick Start, "Converting a NumPy tensor" and "Records" flows, with their
+    inputs defined, in a fresh directory."""
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 4, size=(600, 8, 8), dtype=np.uint8)
+    np.save("data.npy", images)
+    np.save("label.npy", np.arange(600) % 10)
+
+    from_numpy("train_data", np.load("data.npy", mmap_mode="r"))
+    from_numpy("train_label", np.load("label.npy", mmap_mode="r"))
+    loader = DataLoader({"data": DenseDataset("train_data"), "label": DenseDataset("train_label")},
+                        transform=lambda batch: batch)
+    for i, batch in enumerate(loader):
+        if i >= 256:
+            break
+    assert batch["data"].shape == (256, 8, 8) and batch["label"].shape == (256,)
+    loader.close()
+
+    # Appending more images to the same dataset with a trained dictionary.
+    from_numpy("train_data", images, codec="zstd_dict")
+    with DenseDataset("train_data") as ds:
+        assert len(ds) == 1200
+        np.testing.assert_array_equal(ds[600:], images)
+
+    from_numpy("data", np.arange(64, dtype=np.float32).reshape(8, 2, 4))
+    assert DenseDataset("data")[[0, 5, 2]].shape == (3, 2, 4)
+    seqs = [np.arange(L, dtype=np.int32) for L in (3, 1, 4, 1, 5)]
+    from_iterator("tokens", seqs)
+    from loaderx.dataset import pad
+
+    padded, lengths = pad(RaggedDataset("tokens")[[0, 2, 4]])
+    assert padded.shape == (3, 5) and list(lengths) == [3, 4, 5]
+
+    dense_tokens, labelset = DenseDataset("data"), DenseDataset("train_label")
+    from_numpy("lab8", np.arange(8))
+    labelset = DenseDataset("lab8")
+
+    def collate(batch):
+        return {"input_ids": batch["tokens"], "label": batch["label"]}
+
+    with DataLoader({"tokens": dense_tokens, "label": labelset}, batch_size=4,
+                    transform=collate) as loader:
+        b = next(loader)
+        assert b["input_ids"].shape == (4, 2, 4) and b["label"].shape == (4,)

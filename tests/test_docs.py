@@ -6,6 +6,11 @@ import doctest
 import pathlib
 import re
 
+import pytest
+
+import loaderx.converter
+import loaderx.dataloader
+import loaderx.dataset
 import loaderx.zrecord
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
@@ -19,6 +24,8 @@ def test_readme_examples_run(tmp_path, monkeypatch):
         exec(compile(code, str(README), "exec"), {})
 
 
-def test_module_doctests():
-    result = doctest.testmod(loaderx.zrecord)
+@pytest.mark.parametrize("module", [loaderx.zrecord, loaderx.converter, loaderx.dataset,
+                                    loaderx.dataloader])
+def test_module_doctests(module):
+    result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
