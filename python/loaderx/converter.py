@@ -177,16 +177,18 @@ class _Conversion:
                     f"{self.path} holds a {existing.describe()} dataset; cannot append "
                     f"{wanted.describe()} records (use overwrite=True to replace it)")
         self.created = existing is None
-        # overwrite=True builds the new dataset beside the old one and swaps them at the end,
-        # so a failed or interrupted conversion leaves the old dataset in place.
+        # A new dataset (also one replacing an old one with overwrite=True) is built in a
+        # sibling directory and renamed into place when complete: a failed or killed conversion
+        # never leaves a half-made dataset at `path`, and an overwritten one stays until then.
         self.replacing = overwrite and _schema.is_store(self.path)
         self.target = self.path
-        if self.replacing:
-            self.target = f"{self.path.rstrip(os.sep)}.loaderx-new-{os.getpid()}"
+        if self.created:
+            if not self.replacing and os.path.isdir(self.path) and os.listdir(self.path):
+                raise DatasetError(f"{self.path} is a non-empty directory that is not a "
+                                   "loaderx dataset; refusing to write into it")
+            _remove_stale_staging(self.path)
+            self.target = f"{self.path.rstrip(os.sep)}{_STAGING}{os.getpid()}"
             shutil.rmtree(self.target, ignore_errors=True)
-        elif self.created and os.path.isdir(self.path) and os.listdir(self.path):
-            raise DatasetError(f"{self.path} is a non-empty directory that is not a loaderx "
-                               "dataset; refusing to write into it")
         self.store = Zrecord(self.target, codec=wanted.codec)
         self.start = len(self.store)
         if count is not None and self.start + count > MAX_RECORDS:
@@ -246,8 +248,12 @@ class _Conversion:
             os.rename(self.path, old)
             os.rename(self.target, self.path)
             shutil.rmtree(old, ignore_errors=True)
-        elif not self.created:
+        elif self.created:
+            os.rename(self.target, self.path)  # onto nothing, or onto an empty directory
+        else:
             _schema.write(self.path, self.wanted)
+        if self.created:
+            _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         return n
 
     def _abandon(self) -> None:
@@ -267,6 +273,41 @@ class _Conversion:
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
+_STAGING = ".loaderx-new-"
+
+
+def _remove_stale_staging(path: str) -> None:
+    """Removes staging directories of ``path`` left by conversions whose process is gone."""
+    parent, name = os.path.split(os.path.abspath(path))
+    try:
+        entries = os.listdir(parent)
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if not entry.startswith(name + _STAGING):
+            continue
+        pid = entry[len(name + _STAGING):].split(".")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _codec(codec: Any) -> str:
