@@ -37,7 +37,7 @@ def build(path: str) -> int:
     base = rng.integers(0, 255, size=400, dtype=np.uint8)
     similar = [np.roll(base, int(k))[: int(n)] for k, n in zip(rng.integers(0, 50, 300),
                                                                 rng.integers(1, 400, 300))]
-    from_iterator(path, similar, codec="zstd_dict", progress=False)
+    from_iterator(path, similar, codec="zstd_dict", dict_size=4096, progress=False)
     from_iterator(path, [rng.integers(0, 255, int(n), dtype=np.uint8) for n in (0, 5, 900)],
                   codec="raw", progress=False)
     from_iterator(path, [np.full(int(n), 7, np.uint8) for n in (1, 3000, 17)], codec="zstd",

@@ -3,8 +3,12 @@ stores opened and closed. The heavy versions run from ``scripts/stress.py``."""
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 import random
+import subprocess
+import sys
 import threading
 import time
 
@@ -102,3 +106,17 @@ def test_opening_and_closing_many_stores_leaks_nothing(tmp_path):
     after = (fds(), maps())
     assert after[0] <= before[0], f"file descriptors: {before[0]} -> {after[0]}"
     assert after[1] <= before[1] + 8, f"mappings: {before[1]} -> {after[1]}"
+
+
+def test_fuzzed_stores_give_data_or_a_clear_error():
+    """2000 seeded mutations of a dataset's header, table, chunk bytes, dict.zr and
+    schema.msgpack (scripts/fuzz_store.py; the stress run does 100,000): every read ends in data
+    or a ZrecordError/OSError, never a panic, crash or hang. Runs in a subprocess so that a crash
+    fails this test instead of killing the suite."""
+    script = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "fuzz_store.py"
+    r = subprocess.run([sys.executable, str(script), "--cases", "2000", "--seed", "7",
+                        "--hang-seconds", "30"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["cases"] == 2000 and summary["unclear"] == 0
+    assert summary["data"] > 0 and summary["error"] > 0

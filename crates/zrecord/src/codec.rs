@@ -22,11 +22,16 @@ pub struct Dictionary {
 }
 
 impl Dictionary {
-    /// Prepares the raw bytes of `dict.zr`.
-    pub fn new(raw: Vec<u8>) -> Self {
+    /// Prepares the raw bytes of `dict.zr`; `None` when zstd rejects them (a damaged file).
+    pub fn new(raw: Vec<u8>) -> Option<Self> {
+        // The zstd crate's constructors panic when zstd refuses a dictionary, so the bytes are
+        // first tried through zstd-safe's fallible ones; after that the copies cannot fail
+        // (short of memory, which aborts anyway).
+        zstd_safe::DDict::try_create(&raw)?;
+        zstd_safe::CDict::try_create(&raw, ZSTD_DICT_LEVEL)?;
         let encoder = EncoderDictionary::copy(&raw, ZSTD_DICT_LEVEL);
         let decoder = DecoderDictionary::copy(&raw);
-        Dictionary { raw, encoder, decoder }
+        Some(Dictionary { raw, encoder, decoder })
     }
 
     /// The bytes as stored in `dict.zr`.

@@ -289,7 +289,10 @@ impl Store {
         let path = self.dir.join(DICT_FILE);
         match std::fs::read(&path) {
             Ok(raw) => {
-                let _ = self.dict.set(Arc::new(Dictionary::new(raw)));
+                let dict = Dictionary::new(raw).ok_or_else(|| {
+                    Error::corrupt(&path, "dict.zr is not a dictionary zstd accepts")
+                })?;
+                let _ = self.dict.set(Arc::new(dict));
                 Ok(())
             }
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
@@ -327,10 +330,12 @@ impl Store {
         }
         let raw = crate::codec::train(samples, sizes, target)
             .map_err(|e| Error::invalid(format!("dictionary training failed: {e}")))?;
+        let size = raw.len();
+        let dict = Dictionary::new(raw.clone())
+            .ok_or_else(|| Error::invalid("zstd rejected the dictionary it trained"))?;
         let path = self.dir.join(DICT_FILE);
         write_durably(&self.dir, &path, &raw)?;
-        let size = raw.len();
-        let _ = self.dict.set(Arc::new(Dictionary::new(raw)));
+        let _ = self.dict.set(Arc::new(dict));
         Ok(size)
     }
 }

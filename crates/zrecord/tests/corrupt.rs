@@ -181,3 +181,15 @@ fn seeded_byte_flips_never_panic() {
         }
     }
 }
+
+#[test]
+fn a_dictionary_zstd_rejects_is_a_corrupt_store_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path(), Codec::Zstd));
+    // zstd's dictionary magic followed by entropy tables that do not parse.
+    let mut bad = vec![0x37, 0xA4, 0x30, 0xEC, 1, 0, 0, 0];
+    bad.extend(std::iter::repeat_n(0xFF, 300));
+    std::fs::write(dir.path().join("dict.zr"), &bad).unwrap();
+    let e = Store::open(dir.path(), Options::default()).err().expect("open must fail");
+    assert!(matches!(e, Error::Corrupt { ref detail, .. } if detail.contains("dict.zr")), "{e}");
+}
