@@ -28,14 +28,7 @@ impl Store {
                 dst_offsets.len()
             )));
         }
-        let len = self.len();
-        let mut locs = Vec::with_capacity(indices.len());
-        for &index in indices {
-            if index >= len {
-                return Err(Error::IndexOutOfRange { index, len });
-            }
-            locs.push(self.meta.entry(index));
-        }
+        let locs = self.entries(indices)?;
         let mut slots = split_destination(&self.meta_path, dst, indices, &locs, dst_offsets)?;
         self.read_slots(&mut slots, usize::MAX)
     }
@@ -63,24 +56,18 @@ impl Store {
                 want.map_or_else(|| "more than fits in memory".to_string(), |n| n.to_string())
             )));
         }
-        let len = self.len();
-        let mut locs = Vec::with_capacity(indices.len());
-        for &index in indices {
-            if index >= len {
-                return Err(Error::IndexOutOfRange { index, len });
-            }
-            let loc = self.meta.entry(index);
-            if loc.logic_length as usize != record_len {
-                return Err(Error::corrupt(
-                    &self.meta_path,
-                    format!(
-                        "record {index} holds {} bytes where every record of this dataset \
-                         holds {record_len}",
-                        loc.logic_length
-                    ),
-                ));
-            }
-            locs.push(loc);
+        let locs = self.entries(indices)?;
+        if let Some((&index, loc)) =
+            indices.iter().zip(&locs).find(|(_, loc)| loc.logic_length as usize != record_len)
+        {
+            return Err(Error::corrupt(
+                &self.meta_path,
+                format!(
+                    "record {index} holds {} bytes where every record of this dataset \
+                     holds {record_len}",
+                    loc.logic_length
+                ),
+            ));
         }
         if record_len == 0 {
             return Ok(());
@@ -109,6 +96,11 @@ impl Store {
     /// Logical length of each record.
     pub fn lengths(&self, indices: &[u64]) -> Result<Vec<u32>> {
         let _guard = self.activity.shared("lengths")?;
+        Ok(self.entries(indices)?.iter().map(|loc| loc.logic_length).collect())
+    }
+
+    /// The table entry of every index, read against one load of the published length.
+    fn entries(&self, indices: &[u64]) -> Result<Vec<RecordLoc>> {
         let len = self.len();
         indices
             .iter()
@@ -116,7 +108,7 @@ impl Store {
                 if index >= len {
                     return Err(Error::IndexOutOfRange { index, len });
                 }
-                Ok(self.meta.entry(index).logic_length)
+                Ok(self.meta.entry(index))
             })
             .collect()
     }
