@@ -17,6 +17,8 @@ import zlib
 
 import numpy as np
 
+from ref_peer import pack  # records -> (buffer, offsets), as Zrecord.append takes them
+
 HEAD = struct.Struct("<QI")
 
 
@@ -39,13 +41,6 @@ def check_record(index: int, rec: bytes) -> str | None:
     if got != index or n != len(body) - HEAD.size:
         return f"record {index}: holds record {got}"
     return None
-
-
-def pack(records: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    sizes = np.array([len(r) for r in records], dtype=np.uint64)
-    offsets = np.zeros(len(records), dtype=np.uint64)
-    np.cumsum(sizes[:-1], out=offsets[1:])
-    return np.frombuffer(b"".join(records), dtype=np.uint8), offsets
 
 
 def read_records(z, idx: np.ndarray) -> list[bytes]:

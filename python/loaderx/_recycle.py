@@ -33,14 +33,16 @@ class BufferPool:
         self.allocated = 0  # buffers created, for tests and the benchmark
         self.closed = False
 
-    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """A leased ``shape``/``dtype`` array, and the raw uint8 buffer under it (to fill; do
+        not keep it, or the buffer may be reused under you)."""
         with self._lock:
             item = self._free.pop() if self._free else None
         if item is None:
             buf = np.empty(self.nbytes, dtype=np.uint8)
             item = (buf, buf.__array_interface__["data"][0])
             self.allocated += 1
-        return np.asarray(_Lease(self, item, shape, dtype.str))
+        return np.asarray(_Lease(self, item, shape, dtype.str)), item[0]
 
     def give(self, item: tuple[np.ndarray, int]) -> None:
         with self._lock:

@@ -64,7 +64,8 @@ class Schema:
     def describe(self) -> str:
         return f"{self.kind} {self.dtype.str}{tuple(self.item_shape)}"
 
-    def to_bytes(self) -> bytes:
+    def to_dict(self) -> dict[str, Any]:
+        """The map ``schema.msgpack`` holds: the reserved keys, then the extra ones."""
         body = {
             "kind": self.kind,
             "dtype": self.dtype.str,
@@ -74,7 +75,10 @@ class Schema:
             "codec": self.codec,
         }
         body.update({k: v for k, v in self.extra.items() if k not in RESERVED})
-        return msgpack.packb(body)
+        return body
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb(self.to_dict())
 
 
 def is_store(path: str) -> bool:
@@ -139,6 +143,11 @@ def write(path: str, schema: Schema) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, file)
+    fsync_dir(path)
+
+
+def fsync_dir(path: str) -> None:
+    """Makes the entries of directory ``path`` (creations, renames) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

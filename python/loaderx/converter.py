@@ -82,7 +82,8 @@ def from_numpy(
         raise LimitExceededError(f"one record of shape {arr.shape[1:]} and dtype {dtype} is "
                                  f"{row_bytes} bytes, over the {MAX_RECORD_BYTES}-byte limit")
     n = int(arr.shape[0])
-    with _Conversion(path, wanted, overwrite, n) as conv:
+    existing = _existing_schema(path, overwrite)
+    with _Conversion(path, wanted, existing, overwrite, n) as conv:
         rows = max(1, _positive(chunk_bytes, "chunk_bytes") // max(row_bytes, 1))
         if wanted.codec == "zstd_dict" and n:
             conv.ensure_dict(_dense_sample(arr, row_bytes), dict_size)
@@ -133,7 +134,7 @@ def from_iterator(
     wanted = _schema.Schema("ragged", dtype, tuple(trail), codec,
                             _extra(schema, "ragged", dtype, trail))
     _check_record(rec, wanted, 0)
-    with _Conversion(path, wanted, overwrite, None) as conv:
+    with _Conversion(path, wanted, existing, overwrite, None) as conv:
         with _progress(progress, None, str(path)) as bar:
             pending: list[np.ndarray] = [rec]
             size = rec.nbytes
@@ -166,10 +167,10 @@ class _Conversion:
     """Opens or creates the store, checks the schema before writing, appends, and on failure
     removes what this conversion appended (or the whole store, if it created it)."""
 
-    def __init__(self, path: Any, wanted: _schema.Schema, overwrite: bool, count: int | None):
+    def __init__(self, path: Any, wanted: _schema.Schema, existing: _schema.Schema | None,
+                 overwrite: bool, count: int | None):
         self.path = os.fspath(path)
         self.wanted = wanted
-        existing = _existing_schema(self.path, overwrite)
         if existing is not None:
             _check_kind(existing, wanted.kind, self.path)
             if (existing.dtype, existing.item_shape) != (wanted.dtype, wanted.item_shape):
@@ -233,8 +234,6 @@ class _Conversion:
         sizes = np.fromiter((r.nbytes for r in records), dtype=np.uint64, count=len(records))
         offsets = np.zeros(len(records), dtype=np.uint64)
         np.cumsum(sizes[:-1], out=offsets[1:])
-        if len(self.store) + len(records) > MAX_RECORDS:
-            raise LimitExceededError(f"{self.path} would hold more than {MAX_RECORDS} records")
         blob = np.concatenate([np.ascontiguousarray(r).reshape(-1).view(np.uint8)
                                for r in records])
         self.store.append(blob, offsets)
@@ -253,7 +252,7 @@ class _Conversion:
         else:
             _schema.write(self.path, self.wanted)
         if self.created:
-            _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+            _schema.fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         return n
 
     def _abandon(self) -> None:
@@ -300,14 +299,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _codec(codec: Any) -> str:

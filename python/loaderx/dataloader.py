@@ -50,7 +50,6 @@ the pool.
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 import weakref
@@ -63,7 +62,7 @@ from loaderx import _native
 from loaderx._recycle import BufferPool
 from loaderx.dataset import DenseDataset
 from loaderx.errors import LoaderClosedError
-from loaderx.sampler import Mode, Sampler, _mode
+from loaderx.sampler import Mode, Sampler, _u64
 
 __all__ = ["DataLoader"]
 
@@ -73,12 +72,6 @@ _JOIN_SECONDS = 1.0
 
 def _identity(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return batch
-
-
-def _count(value: Any, what: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{what} must be an int >= {low}, got {value!r}")
-    return int(value)
 
 
 class DataLoader:
@@ -118,14 +111,15 @@ class DataLoader:
         if not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
         self._streams = dict(streams)
-        self._num_workers = _count(num_workers, "num_workers", 1)
-        self._prefetch = _count(prefetch_size, "prefetch_size", 1)
-        self._sampler = Sampler(length, _count(batch_size, "batch_size", 1), _mode(mode), seed)
-        self._sampler.seek(_count(start_step, "start_step", 0))
+        self._num_workers = _u64(num_workers, "num_workers", 1)
+        self._prefetch = _u64(prefetch_size, "prefetch_size", 1)
+        self._sampler = Sampler(length, batch_size, mode, seed)
+        self._sampler.seek(_u64(start_step, "start_step", 0))
         self._pipe = _Pipeline(self._streams, self._sampler, transform, self._num_workers,
                                self._prefetch)
+        # Stops the threads when the loader is dropped, and at interpreter exit (finalize's
+        # atexit hook), so no prefetch thread is inside a gather while the interpreter ends.
         self._finalizer = weakref.finalize(self, self._pipe.stop)
-        _live.add(self._pipe)
 
     # -- iteration -----------------------------------------------------------------------------
 
@@ -149,36 +143,25 @@ class DataLoader:
 
     def seek(self, step: int) -> None:
         """Makes ``step`` the next batch; prefetched batches are discarded."""
-        self._pipe.seek(_count(step, "step", 0))
+        self._pipe.seek(_u64(step, "step", 0))
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue with exactly the next batch: plain
         ints and strings, safe to store in any checkpoint."""
-        s = self._sampler
-        return {"version": _STATE_VERSION, "seed": s.seed, "mode": s.mode.name.lower(),
-                "batch_size": s.batch_size, "length": s.length, "step": self.step}
+        return {"version": _STATE_VERSION, **self._sampler.state_dict(), "step": self.step}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes at ``state["step"]``. The state must come from a loader with the same seed,
         mode and batch size over streams of the same length, else ``ValueError``: resuming on
         changed data would silently give other batches."""
-        if not isinstance(state, Mapping):
-            raise ValueError(f"state must be a dict, got {type(state).__name__}")
-        missing = [k for k in ("seed", "mode", "batch_size", "length", "step") if k not in state]
-        if missing:
-            raise ValueError(f"state is missing {', '.join(missing)}")
-        s = self._sampler
-        if state["length"] != s.length:
+        if isinstance(state, Mapping) and "length" in state and \
+                state["length"] != self._sampler.length:
             raise ValueError(
                 f"the checkpoint was taken on streams of {state['length']} records, these hold "
-                f"{s.length}; the data changed, so the checkpoint's batch sequence no longer "
-                "exists")
-        theirs = (state["seed"], Mode(_mode(state["mode"])), state["batch_size"])
-        ours = (s.seed, s.mode, s.batch_size)
-        if theirs != ours:
-            diff = ", ".join(f"{n}: {b!r} in the state, {a!r} here" for n, a, b in
-                             zip(("seed", "mode", "batch_size"), ours, theirs) if a != b)
-            raise ValueError(f"the state is from a differently configured loader ({diff})")
+                f"{self._sampler.length}; the data changed, so the checkpoint's batch sequence "
+                "no longer exists")
+        # The sampler checks the rest (keys, seed, mode, batch size) and names what differs.
+        self._sampler.load_state_dict(dict(state) if isinstance(state, Mapping) else state)
         self.seek(state["step"])
 
     # -- configuration -------------------------------------------------------------------------
@@ -205,7 +188,7 @@ class DataLoader:
 
     def batch_indices(self, step: int) -> np.ndarray:
         """The record indices of batch ``step`` (a uint64 array), without loading it."""
-        return self._sampler.batch(_count(step, "step", 0))
+        return self._sampler.batch(step)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -321,7 +304,6 @@ class _Pipeline:
                 t.join(_JOIN_SECONDS)
         for pool in self.pools:
             pool.close()
-        _live.discard(self)
 
     # -- worker side ---------------------------------------------------------------------------
 
@@ -351,18 +333,8 @@ class _Pipeline:
         shards = max(1, _native.num_threads() // self.workers)
         batch = {}
         for (name, _, gather, row_bytes, shape, dtype), pool in zip(self.streams, self.pools):
-            out = pool.take(shape, dtype)
-            gather(idx, out.reshape(-1).view(np.uint8), row_bytes, shards)
+            out, raw = pool.take(shape, dtype)
+            gather(idx, raw, row_bytes, shards)
             batch[name] = out
         return batch
 
-
-# Loaders still running at interpreter exit are stopped first, so no prefetch thread is inside a
-# gather while the interpreter tears down.
-_live: weakref.WeakSet[_Pipeline] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all() -> None:
-    for pipe in list(_live):
-        pipe.stop()

@@ -120,10 +120,7 @@ class _StoreView:
     @property
     def schema(self) -> dict[str, Any]:
         """``schema.msgpack`` as a dict (including any extra keys written with the data)."""
-        s = self._schema
-        return {"kind": s.kind, "dtype": s.dtype.str, "item_shape": list(s.item_shape),
-                "format": _schema.FORMAT, "version": _schema.VERSION, "codec": s.codec,
-                **s.extra}
+        return self._schema.to_dict()
 
     @property
     def store(self) -> Zrecord:
