@@ -115,7 +115,11 @@ impl Store {
         self.failpoints.hit("append:before-data").map_err(Error::invalid)?;
         let touched: BTreeSet<u64> = writes.iter().map(|w| w.chunk).collect();
         for &id in &touched {
-            self.chunks.get_or_create(id)?;
+            if id == state.tail_chunk && state.tail_offset > 0 {
+                self.check_tail_chunk(id, state.tail_offset)?;
+            } else {
+                self.chunks.get_or_create(id)?;
+            }
         }
         let total: usize = writes.iter().map(|w| w.range.1 - w.range.0).sum();
         run_sharded(&mut writes, total, |block: &mut [Write]| -> Result<()> {
@@ -133,6 +137,22 @@ impl Store {
         state.tail_offset = offset;
         self.len.publish((first + n) as u32);
         Ok(first)
+    }
+
+    /// The chunk holding the frontier must exist and reach it: appending to a recreated or
+    /// truncated file would make the records before the frontier read as zeros.
+    fn check_tail_chunk(&self, id: u64, tail_offset: u64) -> Result<()> {
+        let chunk = self.chunks.get(id)?;
+        let size = chunk.file_size()?;
+        if size < tail_offset {
+            return Err(Error::corrupt(
+                self.chunks.path(id),
+                format!(
+                    "chunk file is {size} bytes but the store's data reaches byte {tail_offset}"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Compresses every record, in parallel shards, each into its shard's output buffer.

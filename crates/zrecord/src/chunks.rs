@@ -3,14 +3,14 @@
 //! Each chunk is opened on first use and mapped read-only at its full capacity; reads are
 //! slices of that map, checked against the file's size, and writes are positional (`pwrite`), so
 //! a full disk is an `ENOSPC` error rather than a SIGBUS. Files grow with their data: nothing is
-//! preallocated (see docs/FORMAT.md).
+//! preallocated (see docs/FORMAT.md). Every change goes through the store's [`Disk`].
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
+use crate::disk::Disk;
 use crate::error::{Error, Result};
 use crate::format::{chunk_file_name, MAX_CHUNKS};
 use crate::mapped::{ChunkMap, Slots};
@@ -23,6 +23,7 @@ pub struct Chunk {
     /// A lower bound of the file's size: grown by our writes, refreshed from the OS on a miss.
     size: AtomicU64,
     capacity: u64,
+    disk: Arc<Disk>,
 }
 
 impl Chunk {
@@ -50,19 +51,26 @@ impl Chunk {
 
     /// Writes `data` at `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.file.write_all_at(data, offset).map_err(|e| Error::io(&self.path, e))?;
+        self.disk
+            .write_at(&self.file, &self.path, offset, data)
+            .map_err(|e| Error::io(&self.path, e))?;
         self.size.fetch_max(offset + data.len() as u64, Ordering::AcqRel);
         Ok(())
     }
 
     /// `fdatasync` of the file.
     pub fn sync(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| Error::io(&self.path, e))
+        self.disk.sync_file(&self.file, &self.path).map_err(|e| Error::io(&self.path, e))
     }
 
     /// Shrinks the file to `len` bytes (after compaction).
     pub fn truncate(&self, len: u64) -> Result<()> {
-        self.file.set_len(len).map_err(|e| Error::io(&self.path, e))
+        self.disk.set_len(&self.file, &self.path, len).map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// The file's size as the OS sees it now.
+    pub fn file_size(&self) -> Result<u64> {
+        Ok(self.file.metadata().map_err(|e| Error::io(&self.path, e))?.len())
     }
 }
 
@@ -73,18 +81,34 @@ pub struct ChunkSet {
     opening: Mutex<()>,
     capacity: u64,
     writable: bool,
+    disk: Arc<Disk>,
+    /// A chunk file was created or removed since the directory was last synced.
+    names_changed: AtomicBool,
 }
 
 impl ChunkSet {
     /// The chunks of the store in `dir`, each `capacity` bytes at most.
-    pub fn new(dir: &Path, capacity: u64, writable: bool) -> Self {
+    pub fn new(dir: &Path, capacity: u64, writable: bool, disk: Arc<Disk>) -> Self {
         ChunkSet {
             dir: dir.to_path_buf(),
             slots: Slots::new(MAX_CHUNKS as usize),
             opening: Mutex::new(()),
             capacity,
             writable,
+            disk,
+            names_changed: AtomicBool::new(false),
         }
+    }
+
+    /// Whether chunk files were created or removed since the last call: the directory then
+    /// needs a sync before a header naming them becomes durable.
+    pub fn take_names_changed(&self) -> bool {
+        self.names_changed.swap(false, Ordering::AcqRel)
+    }
+
+    /// Marks the directory as needing a sync again (after a failed one).
+    pub fn mark_names_changed(&self) {
+        self.names_changed.store(true, Ordering::Release);
     }
 
     /// Capacity of one chunk.
@@ -124,16 +148,19 @@ impl ChunkSet {
             return Ok(c);
         }
         let path = self.path(id);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(self.writable)
-            .create(create && self.writable)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => Error::corrupt(&path, "chunk file is missing"),
-                _ => Error::io(&path, e),
-            })?;
+        let missing = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::corrupt(&path, "chunk file is missing"),
+            _ => Error::io(&path, e),
+        };
+        let file = if create && self.writable {
+            let (file, created) = self.disk.open_or_create(&path).map_err(missing)?;
+            if created {
+                self.names_changed.store(true, Ordering::Release);
+            }
+            file
+        } else {
+            OpenOptions::new().read(true).write(self.writable).open(&path).map_err(missing)?
+        };
         let size = file.metadata().map_err(|e| Error::io(&path, e))?.len();
         let map = ChunkMap::new(&file, self.capacity).map_err(|e| Error::io(&path, e))?;
         let chunk = Chunk {
@@ -142,6 +169,7 @@ impl ChunkSet {
             map,
             size: AtomicU64::new(size.min(self.capacity)),
             capacity: self.capacity,
+            disk: Arc::clone(&self.disk),
         };
         Ok(self.slots.insert(id as usize, chunk))
     }
@@ -151,10 +179,10 @@ impl ChunkSet {
         let _guard = self.opening.lock().unwrap_or_else(|e| e.into_inner());
         self.slots.clear(id as usize);
         let path = self.path(id);
-        match std::fs::remove_file(&path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(Error::io(&path, e)),
+        let removed = self.disk.remove(&path).map_err(|e| Error::io(&path, e))?;
+        if removed {
+            self.names_changed.store(true, Ordering::Release);
         }
+        Ok(removed)
     }
 }

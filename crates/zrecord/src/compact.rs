@@ -7,7 +7,7 @@
 //! A record's new place may overlap its old one (whenever less garbage than the record's size
 //! lies before it), so a record is never copied straight to its new place. Moves go in batches,
 //! each through a staging area past the append frontier: (1) copy the batch to staging, sync,
-//! point its entries there, sync, and advance the header's frontier past the staging area;
+//! advance the header's frontier past the staging area, sync, point its entries there, sync;
 //! (2) copy the batch to its final places, sync, point the entries there, sync. At every instant
 //! each durable entry points at durable, intact bytes, so a compaction interrupted at any point
 //! (error, kill or power loss) leaves a store with the same records, and running `compact` again
@@ -166,12 +166,15 @@ impl Store {
             at += size;
         }
         self.failpoints.hit("compact:staged").map_err(Error::invalid)?;
-        self.repoint(&staged, batch.moves.iter().map(|(m, s)| (m, *s)))?;
+        // The header's frontier moves past the staging area (with the staged bytes synced)
+        // before any entry points there: a durable entry never lies past the durable frontier,
+        // where appends would overwrite it.
+        state.dirty_chunks.extend(&staged);
         if stage_end > (state.tail_chunk, state.tail_offset) {
-            // Appends must not reuse the staging area while entries point into it.
             (state.tail_chunk, state.tail_offset) = stage_end;
-            self.sync_locked(state)?;
         }
+        self.sync_locked(state)?;
+        self.repoint(&BTreeSet::new(), batch.moves.iter().map(|(m, s)| (m, *s)))?;
         let mut at = 0usize;
         let mut placed = BTreeSet::new();
         for (m, _) in &batch.moves {
@@ -200,7 +203,7 @@ impl Store {
                 self.write_entries(idx, &[loc])?;
             }
         }
-        self.meta_file.sync_data().map_err(|e| Error::io(&self.meta_path, e))
+        self.sync_meta()
     }
 
     /// Refuses to compact a table whose records overlap (other than exact duplicates), lie past

@@ -21,6 +21,7 @@ mod chunks;
 mod codec;
 mod compact;
 mod delete;
+pub mod disk;
 mod error;
 pub mod failpoint;
 pub mod format;

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use crate::access::{Activity, WriterLock};
 use crate::chunks::ChunkSet;
 use crate::codec::Dictionary;
+use crate::disk::Disk;
 use crate::error::{Error, Result};
 use crate::failpoint::Failpoints;
 use crate::format::{
@@ -88,6 +89,7 @@ pub struct Store {
     pub(crate) writable: bool,
     pub(crate) default_codec: Codec,
     pub(crate) failpoints: Failpoints,
+    pub(crate) disk: Arc<Disk>,
 }
 
 impl Store {
@@ -125,8 +127,12 @@ impl Store {
         let meta = MetaMap::new(&meta_file, writable).map_err(|e| Error::io(&meta_path, e))?;
         let header = meta.header();
         check_header(&header, &meta_path, options.chunk_capacity)?;
+        let disk = Arc::new(Disk::default());
+        // Failpoints is a unit struct without the `testing` feature.
+        #[allow(clippy::default_constructed_unit_structs)]
         let store = Store {
-            chunks: ChunkSet::new(&dir, options.chunk_capacity, writable),
+            chunks: ChunkSet::new(&dir, options.chunk_capacity, writable, Arc::clone(&disk)),
+            disk,
             len: PublishedLen::new(header.length),
             writer: Mutex::new(WriterState {
                 tail_chunk: u64::from(header.tail_chunk),
@@ -185,6 +191,12 @@ impl Store {
         &self.failpoints
     }
 
+    /// The storage layer of this handle, with its journal and injected failures (tests only).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn disk(&self) -> &Disk {
+        &self.disk
+    }
+
     /// Table entry `index`, bounds-checked against the published length.
     pub fn entry(&self, index: u64) -> Result<RecordLoc> {
         let len = self.len();
@@ -219,8 +231,8 @@ impl Store {
     /// by the write itself, so a full disk is an error here, never a SIGBUS later.
     pub(crate) fn write_entries(&self, first: u64, entries: &[RecordLoc]) -> Result<()> {
         let at = crate::format::entry_position(first);
-        self.meta_file
-            .write_all_at(bytemuck::cast_slice(entries), at)
+        self.disk
+            .write_at(&self.meta_file, &self.meta_path, at, bytemuck::cast_slice(entries))
             .map_err(|e| Error::io(&self.meta_path, e))
     }
 
@@ -248,14 +260,30 @@ impl Store {
             self.chunks.get(id)?.sync()?;
         }
         state.dirty_chunks.clear();
+        if self.chunks.take_names_changed() {
+            // A new chunk file's name must be durable before a header that counts its records.
+            if let Err(e) = self.disk.sync_dir(&self.dir) {
+                self.chunks.mark_names_changed();
+                return Err(Error::io(&self.dir, e));
+            }
+        }
         if state.dirty_table {
-            self.meta_file.sync_data().map_err(|e| Error::io(&self.meta_path, e))?;
+            self.sync_meta()?;
             state.dirty_table = false;
         }
         self.failpoints.hit("sync:before-header").map_err(Error::invalid)?;
-        self.meta.store_tail_and_length(state.tail_chunk as u16, state.tail_offset as u32, len);
+        let (tail_chunk, tail_offset) = (state.tail_chunk as u16, state.tail_offset as u32);
+        self.meta.store_tail_and_length(tail_chunk, tail_offset, len);
+        self.disk.note_mapped_write(&self.meta_path, 0, bytemuck::bytes_of(&self.meta.header()));
         self.meta.flush_header().map_err(|e| Error::io(&self.meta_path, e))?;
-        self.meta_file.sync_data().map_err(|e| Error::io(&self.meta_path, e))
+        self.sync_meta()
+    }
+
+    /// `fdatasync` of `meta.zr`.
+    pub(crate) fn sync_meta(&self) -> Result<()> {
+        self.disk
+            .sync_file(&self.meta_file, &self.meta_path)
+            .map_err(|e| Error::io(&self.meta_path, e))
     }
 
     /// Syncs what this handle wrote. The handle stays usable; dropping it syncs too, ignoring
@@ -334,7 +362,7 @@ impl Store {
         let dict = Dictionary::new(raw.clone())
             .ok_or_else(|| Error::invalid("zstd rejected the dictionary it trained"))?;
         let path = self.dir.join(DICT_FILE);
-        write_durably(&self.dir, &path, &raw)?;
+        write_durably(&self.disk, &self.dir, &path, &raw)?;
         let _ = self.dict.set(Arc::new(dict));
         Ok(size)
     }
@@ -410,21 +438,21 @@ fn create_meta(dir: &Path, meta_path: &Path) -> Result<()> {
     sync_dir(dir)
 }
 
-/// Writes `data` to `path` through a temporary file, fsyncs it, renames it into place and
-/// fsyncs the directory.
-pub(crate) fn write_durably(dir: &Path, path: &Path, data: &[u8]) -> Result<()> {
+/// Writes `data` to `path` through a temporary file, syncs it, renames it into place and syncs
+/// the directory.
+pub(crate) fn write_durably(disk: &Disk, dir: &Path, path: &Path, data: &[u8]) -> Result<()> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     let write = || -> std::io::Result<()> {
-        let f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-        f.write_all_at(data, 0)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
+        let f = disk.create_truncated(&tmp)?;
+        disk.write_at(&f, &tmp, 0, data)?;
+        disk.sync_file(&f, &tmp)?;
+        disk.rename(&tmp, path)
     };
     if let Err(e) = write() {
         let _ = std::fs::remove_file(&tmp);
         return Err(Error::io(path, e));
     }
-    sync_dir(dir)
+    disk.sync_dir(dir).map_err(|e| Error::io(dir, e))
 }
 
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {

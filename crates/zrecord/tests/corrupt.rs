@@ -193,3 +193,24 @@ fn a_dictionary_zstd_rejects_is_a_corrupt_store_not_a_panic() {
     let e = Store::open(dir.path(), Options::default()).err().expect("open must fail");
     assert!(matches!(e, Error::Corrupt { ref detail, .. } if detail.contains("dict.zr")), "{e}");
 }
+
+#[test]
+fn appending_after_the_tail_chunk_vanished_or_shrank_is_refused() {
+    for damage in ["removed", "truncated"] {
+        let dir = tempfile::tempdir().unwrap();
+        let records = sample_store(dir.path(), Codec::Raw);
+        let chunk = dir.path().join("0.zr");
+        match damage {
+            "removed" => std::fs::remove_file(&chunk).unwrap(),
+            _ => std::fs::OpenOptions::new().write(true).open(&chunk).unwrap().set_len(10).unwrap(),
+        }
+        let store = open(dir.path(), Codec::Raw);
+        let e = store.append(&[1, 2, 3], &[0], None).unwrap_err();
+        assert!(matches!(e, Error::Corrupt { .. }), "{damage}: {e}");
+        assert!(e.to_string().contains("0.zr"), "{damage}: {e}");
+        // Nothing was written, nothing recreated: reads still report the damage.
+        assert_eq!(store.len(), records.len() as u64);
+        assert_eq!(chunk.exists(), damage == "truncated");
+        assert!(matches!(gather_all(&store), Err(Error::Corrupt { .. })), "{damage}");
+    }
+}

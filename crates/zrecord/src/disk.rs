@@ -1,0 +1,247 @@
+//! The storage layer: every change the engine makes to a store's files (positional writes, size
+//! changes, creations, renames, removals, syncs of files and of the directory) goes through
+//! [`Disk`]. In normal builds each method is the plain system call.
+//!
+//! With the `testing` feature a `Disk` can also keep a journal of those changes, in the order
+//! they happened, so that a test can rebuild what a disk might hold after a power cut at any
+//! point: the synced state plus any subset of the unsynced changes (`tests/power_loss.rs`). It
+//! can fail the n-th change with an injected OS error such as `ENOSPC`. Reads are not journaled.
+//!
+//! The header words of `meta.zr` are stored through the mmap, not through a system call; the
+//! store reports them with [`Disk::note_mapped_write`] so the journal sees them as the unsynced
+//! writes they are.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// One change to the files of a store, as the journal records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// A new, empty file (its name is durable only after a [`Change::SyncDir`]).
+    Create { file: PathBuf },
+    /// Bytes written at an offset (through `pwrite` or the mmap).
+    Write { file: PathBuf, offset: u64, data: Vec<u8> },
+    /// The file's size set (`ftruncate`).
+    SetLen { file: PathBuf, len: u64 },
+    /// `fsync`/`fdatasync` of the file: its contents and size are durable.
+    SyncFile { file: PathBuf },
+    /// A rename (durable only after a [`Change::SyncDir`]).
+    Rename { from: PathBuf, to: PathBuf },
+    /// A removal (durable only after a [`Change::SyncDir`]).
+    Remove { file: PathBuf },
+    /// `fsync` of the directory: its names are durable.
+    SyncDir { dir: PathBuf },
+}
+
+#[cfg(any(test, feature = "testing"))]
+mod hooks {
+    use super::Change;
+    use std::io;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Journal {
+        changes: Vec<Change>,
+        /// Fail the n-th change from now (1 = the next) with this errno.
+        fail: Option<(u64, i32)>,
+    }
+
+    /// Test hooks: a journal of changes and injected failures.
+    #[derive(Default)]
+    pub struct Hooks {
+        recording: AtomicBool,
+        armed: AtomicBool,
+        journal: Mutex<Journal>,
+    }
+
+    impl Hooks {
+        fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
+            self.journal.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        /// Clears the journal and starts recording.
+        pub fn start_journal(&self) {
+            self.journal().changes.clear();
+            self.recording.store(true, Ordering::SeqCst);
+        }
+
+        /// Stops recording and returns the journal.
+        pub fn take_journal(&self) -> Vec<Change> {
+            self.recording.store(false, Ordering::SeqCst);
+            std::mem::take(&mut self.journal().changes)
+        }
+
+        /// Number of changes recorded so far.
+        pub fn journal_len(&self) -> usize {
+            self.journal().changes.len()
+        }
+
+        /// Makes the `nth` change from now (1 = the next) fail with OS error `errno`, once.
+        pub fn fail_nth_change(&self, nth: u64, errno: i32) {
+            self.journal().fail = Some((nth.max(1), errno));
+            self.armed.store(true, Ordering::SeqCst);
+        }
+
+        /// Cancels an injected failure that has not fired yet.
+        pub fn clear_failure(&self) {
+            self.journal().fail = None;
+            self.armed.store(false, Ordering::SeqCst);
+        }
+
+        pub(super) fn before(&self) -> io::Result<()> {
+            if !self.armed.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let mut j = self.journal();
+            match &mut j.fail {
+                Some((1, errno)) => {
+                    let errno = *errno;
+                    j.fail = None;
+                    self.armed.store(false, Ordering::Release);
+                    Err(io::Error::from_raw_os_error(errno))
+                }
+                Some((n, _)) => {
+                    *n -= 1;
+                    Ok(())
+                }
+                None => Ok(()),
+            }
+        }
+
+        pub(super) fn after(&self, change: impl FnOnce() -> Change) {
+            if self.recording.load(Ordering::Acquire) {
+                let change = change();
+                self.journal().changes.push(change);
+            }
+        }
+    }
+}
+
+#[cfg(not(any(test, feature = "testing")))]
+mod hooks {
+    use super::Change;
+    use std::io;
+
+    /// No hooks in normal builds: every call is empty and inlined away.
+    #[derive(Default)]
+    pub struct Hooks;
+
+    impl Hooks {
+        #[inline(always)]
+        pub(super) fn before(&self) -> io::Result<()> {
+            Ok(())
+        }
+
+        #[inline(always)]
+        pub(super) fn after(&self, _change: impl FnOnce() -> Change) {}
+    }
+}
+
+pub use hooks::Hooks;
+
+/// The engine's way to change files; see the module docs. One per store handle.
+#[derive(Default)]
+pub struct Disk {
+    hooks: Hooks,
+}
+
+impl Disk {
+    /// The test hooks of this handle (journal, injected failures).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn hooks(&self) -> &Hooks {
+        &self.hooks
+    }
+
+    /// Runs one change: an injected failure first, then the call, then the journal entry.
+    fn change<T>(
+        &self,
+        call: impl FnOnce() -> io::Result<T>,
+        entry: impl FnOnce() -> Change,
+    ) -> io::Result<T> {
+        self.hooks.before()?;
+        let out = call()?;
+        self.hooks.after(entry);
+        Ok(out)
+    }
+
+    /// `pwrite` of all of `data` at `offset`.
+    pub fn write_at(&self, file: &File, path: &Path, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.change(
+            || file.write_all_at(data, offset),
+            || Change::Write { file: path.to_path_buf(), offset, data: data.to_vec() },
+        )
+    }
+
+    /// Bytes already stored through a shared mapping of `path` (journal only: cannot fail).
+    pub fn note_mapped_write(&self, path: &Path, offset: u64, data: &[u8]) {
+        self.hooks.after(|| Change::Write {
+            file: path.to_path_buf(),
+            offset,
+            data: data.to_vec(),
+        });
+    }
+
+    /// `ftruncate`.
+    pub fn set_len(&self, file: &File, path: &Path, len: u64) -> io::Result<()> {
+        self.change(|| file.set_len(len), || Change::SetLen { file: path.to_path_buf(), len })
+    }
+
+    /// `fdatasync`: data and size (the only metadata a reader needs) reach the disk.
+    pub fn sync_file(&self, file: &File, path: &Path) -> io::Result<()> {
+        self.change(|| file.sync_data(), || Change::SyncFile { file: path.to_path_buf() })
+    }
+
+    /// Opens `path` read-write, creating it if it does not exist; says whether it was created.
+    pub fn open_or_create(&self, path: &Path) -> io::Result<(File, bool)> {
+        match OpenOptions::new().read(true).write(true).open(path) {
+            Ok(f) => Ok((f, false)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => self.change(
+                || {
+                    let f =
+                        OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
+                    Ok((f, true))
+                },
+                || Change::Create { file: path.to_path_buf() },
+            ),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates (or empties) `path` for writing.
+    pub fn create_truncated(&self, path: &Path) -> io::Result<File> {
+        self.change(
+            || OpenOptions::new().write(true).create(true).truncate(true).open(path),
+            || Change::Create { file: path.to_path_buf() },
+        )
+    }
+
+    /// `rename`.
+    pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.change(
+            || std::fs::rename(from, to),
+            || Change::Rename { from: from.to_path_buf(), to: to.to_path_buf() },
+        )
+    }
+
+    /// `unlink`; `Ok(false)` if there was no such file.
+    pub fn remove(&self, path: &Path) -> io::Result<bool> {
+        let result = self
+            .change(|| std::fs::remove_file(path), || Change::Remove { file: path.to_path_buf() });
+        match result {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `fsync` of a directory, making its entries (creations, renames, removals) durable.
+    pub fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.change(
+            || File::open(dir).and_then(|d| d.sync_all()),
+            || Change::SyncDir { dir: dir.to_path_buf() },
+        )
+    }
+}
