@@ -2,7 +2,9 @@
 """The heavy versions of the reliability tests: ``python scripts/stress.py [--kills N]
 [--fuzz-cases N] [--seed S]``.
 
-* SIGKILL loops through the store API and through the converters (``--kills`` each);
+* SIGKILL loops through the store API and through the converters (``--kills`` each), and
+  during compaction (``--kills / 5``);
+* readers verifying every byte beside two appenders (``--race-seconds``);
 * the mutation fuzzer (``scripts/fuzz_store.py``) for ``--fuzz-cases`` cases.
 
 Prints what ran and the counts docs/RELIABILITY.md reports; exits non-zero on any failure.
@@ -28,6 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kills", type=int, default=500)
     parser.add_argument("--fuzz-cases", type=int, default=100_000)
+    parser.add_argument("--race-seconds", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -37,6 +40,16 @@ def main() -> None:
                                   args.seed + converter, converter)
             what = "converters" if converter else "store API"
             print(f"SIGKILL through the {what}: {stats} in {time.perf_counter() - t:.0f} s")
+        t = time.perf_counter()
+        stats = rel.compact_kill_loop(f"{tmp}/compact", max(1, args.kills // 5), args.seed)
+        print(f"SIGKILL during compaction: {stats} in {time.perf_counter() - t:.0f} s")
+        counts = rel.race(f"{tmp}/race", args.race_seconds, readers=6, appenders=2)
+        print(f"race for {args.race_seconds:.0f} s, 6 readers + 2 appenders: "
+              f"{ {k: v for k, v in counts.items() if k != 'problems'} }, "
+              f"mismatches {len(counts['problems'])}")
+        if counts["problems"]:
+            print(counts["problems"][:10], file=sys.stderr)
+            sys.exit(1)
     t = time.perf_counter()
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "fuzz_store.py"), "--cases",
                         str(args.fuzz_cases), "--seed", str(args.seed)],

@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import struct
+import threading
 import time
 import zlib
 
@@ -171,3 +172,127 @@ def kill_loop(path: str, kills: int, seed: int, use_converter: bool) -> dict[str
 
             from_iterator(path, [make_record(n)], progress=False)
     return stats
+
+
+def fragmented_store(path: str, seed: int) -> list[bytes]:
+    """A fresh store at ``path`` with a third of its records deleted (so compaction has work);
+    returns its live records in index order."""
+    import shutil
+
+    from loaderx.zrecord import Zrecord
+
+    shutil.rmtree(path, ignore_errors=True)
+    rng = random.Random(seed)
+    with Zrecord(path, codec="zstd") as z:
+        for start in range(0, 3000, 500):
+            z.append(*pack([make_record(start + j) for j in range(500)]),
+                     codec=rng.choice(["raw", "zstd"]))
+        z.delete(rng.sample(range(3000), 1000))
+        return [bytes(r) for r in read_records(z, np.arange(len(z), dtype=np.uint64))]
+
+
+def compact_kill_loop(path: str, kills: int, seed: int) -> dict[str, int]:
+    """Forks a child that compacts a fragmented store and SIGKILLs it at a seeded random moment,
+    ``kills`` times. After each kill the store must hold exactly the records it had, and running
+    ``compact()`` again must finish the job. Returns counts for the report."""
+    from loaderx.zrecord import Zrecord
+
+    rng = random.Random(seed)
+    stats = {"kills": 0, "in_native": 0}
+    shared = Shared()
+    # How long one compaction takes here, to spread the kills over it.
+    expected = fragmented_store(path, seed)
+    with Zrecord(path) as z:
+        t0 = time.perf_counter()
+        z.compact()
+        took = time.perf_counter() - t0
+    for k in range(kills):
+        expected = fragmented_store(path, seed * 1000 + k)
+        shared.set(IN_NATIVE, 0)
+        shared.set(BATCHES, 0)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                z = Zrecord(path)
+                shared.set(BATCHES, 1)  # started
+                shared.set(IN_NATIVE, 1)
+                z.compact()
+                shared.set(IN_NATIVE, 0)
+                time.sleep(60)
+            finally:
+                os._exit(1)
+        while shared.get(BATCHES) == 0:
+            time.sleep(0.0002)
+        time.sleep(rng.uniform(0, 1.2 * took))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        stats["kills"] += 1
+        stats["in_native"] += shared.get(IN_NATIVE)
+        with Zrecord(path) as z:
+            got = read_records(z, np.arange(len(z), dtype=np.uint64))
+            if got != expected:
+                raise AssertionError(f"kill {k}: the records changed ({len(got)} vs "
+                                     f"{len(expected)})")
+            z.compact()
+            if read_records(z, np.arange(len(z), dtype=np.uint64)) != expected:
+                raise AssertionError(f"kill {k}: the records changed when compaction finished")
+            if z.compact()["moved"]:
+                raise AssertionError(f"kill {k}: a third compaction still moved records")
+            st = z.stats()
+            if st["reclaimable"] != 0:
+                raise AssertionError(f"kill {k}: {st['reclaimable']} bytes left reclaimable")
+    return stats
+
+
+def race(path: str, seconds: float, readers: int, appenders: int) -> dict:
+    """``readers`` threads gather random batches and verify every byte while ``appenders``
+    threads append, for ``seconds``; then the whole store is verified. Returns the operation
+    counts and every problem seen (``problems`` must be empty)."""
+    from loaderx.zrecord import Zrecord
+
+    z = Zrecord(path, codec="zstd")
+    z.append(*pack([make_record(i) for i in range(500)]))
+    lock = threading.Lock()  # appenders take turns choosing indices, not writing
+    next_index = [500]
+    stop = threading.Event()
+    problems: list[str] = []
+    counts = {"gathers": 0, "records_read": 0, "appends": 0}
+
+    def appender(seed: int) -> None:
+        rng = random.Random(seed)
+        while not stop.is_set():
+            k = rng.randrange(1, 50)
+            # Records embed their index, which the store assigns: build them under a lock that
+            # also covers the append, and check the index the store returned.
+            with lock:
+                first = next_index[0]
+                recs = [make_record(first + j) for j in range(k)]
+                got = z.append(*pack(recs), codec=rng.choice(["raw", "zstd"]))
+                next_index[0] += k
+            if got != first:
+                problems.append(f"append returned {got}, expected {first}")
+            counts["appends"] += 1
+
+    def reader(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            idx = rng.integers(0, len(z), size=64).astype(np.uint64)
+            for i, rec in zip(idx, read_records(z, idx)):
+                p = check_record(int(i), rec)
+                if p:
+                    problems.append(p)
+            counts["gathers"] += 1
+            counts["records_read"] += len(idx)
+
+    threads = [threading.Thread(target=appender, args=(s,)) for s in range(appenders)]
+    threads += [threading.Thread(target=reader, args=(100 + s,)) for s in range(readers)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    problems += verify_store(z)
+    counts["records"] = len(z)
+    z.close()
+    return {**counts, "problems": problems}

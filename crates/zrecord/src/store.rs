@@ -87,6 +87,8 @@ pub struct Store {
     pub(crate) writer: Mutex<WriterState>,
     pub(crate) activity: Activity,
     pub(crate) writable: bool,
+    /// Why the store is open read-only (the errno that refused write access), if it is.
+    read_only_errno: Option<i32>,
     pub(crate) default_codec: Codec,
     pub(crate) failpoints: Failpoints,
     pub(crate) disk: Arc<Disk>,
@@ -116,7 +118,8 @@ impl Store {
         if !meta_path.exists() {
             create_meta(&dir, &meta_path)?;
         }
-        let (meta_file, writable) = open_meta(&meta_path)?;
+        let (meta_file, read_only_errno) = open_meta(&meta_path)?;
+        let writable = read_only_errno.is_none();
         let size = meta_file.metadata().map_err(|e| Error::io(&meta_path, e))?.len();
         if size != META_BYTES {
             return Err(Error::corrupt(
@@ -150,6 +153,7 @@ impl Store {
             meta_file,
             meta,
             writable,
+            read_only_errno,
         };
         store.load_dict()?;
         Ok(store)
@@ -212,11 +216,9 @@ impl Store {
 
     /// Takes the writer lock for this handle if it does not hold it yet.
     pub(crate) fn ensure_writer(&self, state: &mut WriterState) -> Result<()> {
-        if !self.writable {
-            return Err(Error::io(
-                &self.meta_path,
-                std::io::Error::new(ErrorKind::PermissionDenied, "store is open read-only"),
-            ));
+        if let Some(errno) = self.read_only_errno {
+            // The OS error that refused write access on open (EACCES, EROFS), with the file.
+            return Err(Error::io(&self.meta_path, std::io::Error::from_raw_os_error(errno)));
         }
         match &state.lock {
             Some(lock) => lock.check_pid(),
@@ -405,15 +407,16 @@ fn check_header(h: &Header, path: &Path, capacity: u64) -> Result<()> {
     Ok(())
 }
 
-fn open_meta(path: &Path) -> Result<(File, bool)> {
+/// Opens `meta.zr` read-write, or read-only with the errno that refused writing.
+fn open_meta(path: &Path) -> Result<(File, Option<i32>)> {
     match OpenOptions::new().read(true).write(true).open(path) {
-        Ok(f) => Ok((f, true)),
+        Ok(f) => Ok((f, None)),
         Err(e)
             if e.kind() == ErrorKind::PermissionDenied
                 || e.kind() == ErrorKind::ReadOnlyFilesystem =>
         {
             let f = File::open(path).map_err(|e| Error::io(path, e))?;
-            Ok((f, false))
+            Ok((f, Some(e.raw_os_error().unwrap_or(libc::EACCES))))
         }
         Err(e) => Err(Error::io(path, e)),
     }
