@@ -28,6 +28,13 @@ indices. Batch ``k`` is a pure function of ``(seed, mode, batch_size, dataset le
 ...     bool((next(resumed)["x"] == after["x"]).all())
 True
 
+Several hosts: ``shard_index=i, shard_count=n`` make this process load only its contiguous
+slice -- rows ``i * b : (i + 1) * b`` with ``b = batch_size // n`` -- of every global batch
+(``batch_size`` stays the global batch size and must divide by ``n``). All processes draw the
+same global sequence, so the slices of one step are disjoint and together form the global batch,
+and a checkpoint resumes the same global batches on any number of processes or workers. The
+``loaderx.sharding`` helpers read ``i`` and ``n`` from JAX or torch.distributed.
+
 Modes (names, or the reference's integers): ``"sequential"`` (0), ``"iid"`` (1) and ``"cyclic"``
 (2). The default is cyclic -- every record once per cycle, in a fresh order each cycle -- because
 it keeps how often each sample is seen even, which sampling with replacement does not over any
@@ -94,6 +101,8 @@ class DataLoader:
         seed: Any = 42,
         transform: Callable[[dict[str, np.ndarray]], Any] = _identity,
         start_step: int = 0,
+        shard_index: int = 0,
+        shard_count: int = 1,
     ) -> None:
         if not isinstance(streams, Mapping) or not streams:
             raise ValueError("streams must be a non-empty dict of {name: DenseDataset}")
@@ -115,8 +124,9 @@ class DataLoader:
         self._prefetch = _u64(prefetch_size, "prefetch_size", 1)
         self._sampler = Sampler(length, batch_size, mode, seed)
         self._sampler.seek(_u64(start_step, "start_step", 0))
+        self._shard = _shard_rows(self._sampler.batch_size, shard_index, shard_count)
         self._pipe = _Pipeline(self._streams, self._sampler, transform, self._num_workers,
-                               self._prefetch)
+                               self._prefetch, self._shard)
         # Stops the threads when the loader is dropped, and at interpreter exit (finalize's
         # atexit hook), so no prefetch thread is inside a gather while the interpreter ends.
         self._finalizer = weakref.finalize(self, self._pipe.stop)
@@ -186,8 +196,21 @@ class DataLoader:
     def streams(self) -> dict[str, DenseDataset]:
         return dict(self._streams)
 
+    @property
+    def shard_index(self) -> int:
+        return self._shard[0]
+
+    @property
+    def shard_count(self) -> int:
+        return self._shard[1]
+
     def batch_indices(self, step: int) -> np.ndarray:
-        """The record indices of batch ``step`` (a uint64 array), without loading it."""
+        """The record indices this process loads at ``step`` (a uint64 array; its shard of the
+        global batch), without loading them."""
+        return self._pipe.rows(self._sampler.batch(step))
+
+    def global_batch_indices(self, step: int) -> np.ndarray:
+        """The record indices of the whole global batch ``step``, every shard's rows."""
         return self._sampler.batch(step)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -211,7 +234,23 @@ class DataLoader:
         s = self._sampler
         return (f"DataLoader(streams={list(self._streams)}, batch_size={s.batch_size}, "
                 f"mode={s.mode.name.lower()!r}, seed={s.seed}, step={self.step}, "
-                f"num_workers={self._num_workers}{', closed' if self.closed else ''})")
+                f"num_workers={self._num_workers}"
+                + (f", shard={self.shard_index}/{self.shard_count}" if self.shard_count > 1
+                   else "")
+                + f"{', closed' if self.closed else ''})")
+
+
+def _shard_rows(batch_size: int, index: Any, count: Any) -> tuple[int, int, int]:
+    """(index, count, rows per shard), checked."""
+    count = _u64(count, "shard_count", 1)
+    index = _u64(index, "shard_index", 0)
+    if index >= count:
+        raise ValueError(f"shard_index must be in [0, {count}), got {index}")
+    if batch_size % count:
+        raise ValueError(
+            f"batch_size {batch_size} (the global batch) does not divide into {count} shards; "
+            f"use a multiple of {count}")
+    return index, count, batch_size // count
 
 
 class _Failure:
@@ -228,9 +267,12 @@ class _Pipeline:
     no reference to the loader: dropping the loader finalizes it and stops the threads."""
 
     def __init__(self, streams: dict[str, DenseDataset], sampler: Sampler,
-                 transform: Callable[..., Any], workers: int, prefetch: int) -> None:
-        self.streams = [(name, ds, ds._gather_fixed, ds.record_bytes,
-                         (sampler.batch_size, *ds.item_shape), ds.dtype)
+                 transform: Callable[..., Any], workers: int, prefetch: int,
+                 shard: tuple[int, int, int]) -> None:
+        index, _, rows = shard
+        self.first_row, self.rows_per_shard = index * rows, rows
+        self.streams = [(name, ds, ds._gather_fixed, ds.record_bytes, (rows, *ds.item_shape),
+                         ds.dtype)
                         for name, ds in streams.items()]
         self.sampler = sampler
         self.transform = transform
@@ -238,7 +280,7 @@ class _Pipeline:
         # Up to `prefetch` finished batches wait while `workers` more are being built.
         self.window = prefetch + workers
         keep = self.window + 2
-        self.pools = [BufferPool(sampler.batch_size * ds.record_bytes, keep)
+        self.pools = [BufferPool(rows * ds.record_bytes, keep)
                       for _, ds, *_ in self.streams]
         self.cond = threading.Condition()
         self.ready: dict[int, Any] = {}
@@ -328,8 +370,12 @@ class _Pipeline:
                     self.ready[step] = item
                     cond.notify_all()
 
+    def rows(self, global_batch: np.ndarray) -> np.ndarray:
+        """This shard's contiguous slice of a global batch."""
+        return global_batch[self.first_row:self.first_row + self.rows_per_shard]
+
     def _build(self, step: int) -> dict[str, np.ndarray]:
-        idx = self.sampler.batch(step)
+        idx = self.rows(self.sampler.batch(step))
         shards = max(1, _native.num_threads() // self.workers)
         batch = {}
         for (name, _, gather, row_bytes, shape, dtype), pool in zip(self.streams, self.pools):
