@@ -117,6 +117,15 @@ def main() -> None:
         assert read_store(z) == model
         z.close()
         save(out, model)
+    elif cmd == "extend":
+        # A writer that knows nothing of sums.zr: delete (swap-tail), append, compact.
+        z = Zrecord(store)
+        z.delete([1, 5])
+        z.append(*pack([b"from the reference " * 20, bytes(range(256)) * 3]), codec="zstd")
+        z.compact()
+        z.sync()
+        save(out, read_store(z))
+        z.close()
     elif cmd == "dsread":
         np.savez(out, **read_datasets(store))
     elif cmd == "dswrite":

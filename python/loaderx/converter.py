@@ -57,6 +57,7 @@ def from_numpy(
     overwrite: bool = False,
     *,
     progress: bool | None = None,
+    checksums: bool = False,
 ) -> int:
     """Writes ``array`` as a dense dataset at ``path``, one record per slice along axis 0, and
     returns the dataset's length.
@@ -69,6 +70,8 @@ def from_numpy(
     the data. If ``path`` already holds a dense dataset of the same dtype and item shape, the
     records are appended to it (the codec may differ); ``overwrite=True`` replaces it instead.
     ``progress`` shows a tqdm bar (default: when tqdm is installed and stderr is a terminal).
+    ``checksums=True`` makes the store keep a checksum of every record (see
+    :meth:`loaderx.zrecord.Zrecord.enable_checksums`); once on, it stays on for later appends.
     """
     arr = array if isinstance(array, np.ndarray) else np.asarray(array)
     if arr.ndim == 0:
@@ -83,7 +86,7 @@ def from_numpy(
                                  f"{row_bytes} bytes, over the {MAX_RECORD_BYTES}-byte limit")
     n = int(arr.shape[0])
     existing = _existing_schema(path, overwrite)
-    with _Conversion(path, wanted, existing, overwrite, n) as conv:
+    with _Conversion(path, wanted, existing, overwrite, n, checksums) as conv:
         rows = max(1, _positive(chunk_bytes, "chunk_bytes") // max(row_bytes, 1))
         if wanted.codec == "zstd_dict" and n:
             conv.ensure_dict(_dense_sample(arr, row_bytes), dict_size)
@@ -106,6 +109,7 @@ def from_iterator(
     overwrite: bool = False,
     *,
     progress: bool | None = None,
+    checksums: bool = False,
 ) -> int:
     """Writes every item of ``source`` as one record of a ragged dataset at ``path`` and returns
     the dataset's length.
@@ -114,7 +118,8 @@ def from_iterator(
     the dtype and the trailing dimensions must be the same throughout) or bytes-like objects,
     stored as ``uint8`` records. Items are packed into appends of about ``chunk_bytes``. With
     ``codec="zstd_dict"`` the dictionary is trained on the first chunk before anything is
-    written. ``schema``, ``overwrite`` and ``progress`` are as in :func:`from_numpy`; an
+    written. ``schema``, ``overwrite``, ``progress`` and ``checksums`` are as in
+    :func:`from_numpy`; an
     existing ragged dataset at ``path`` is appended to.
     """
     codec = _codec(codec)
@@ -134,7 +139,7 @@ def from_iterator(
     wanted = _schema.Schema("ragged", dtype, tuple(trail), codec,
                             _extra(schema, "ragged", dtype, trail))
     _check_record(rec, wanted, 0)
-    with _Conversion(path, wanted, existing, overwrite, None) as conv:
+    with _Conversion(path, wanted, existing, overwrite, None, checksums) as conv:
         with _progress(progress, None, str(path)) as bar:
             pending: list[np.ndarray] = [rec]
             size = rec.nbytes
@@ -168,7 +173,7 @@ class _Conversion:
     removes what this conversion appended (or the whole store, if it created it)."""
 
     def __init__(self, path: Any, wanted: _schema.Schema, existing: _schema.Schema | None,
-                 overwrite: bool, count: int | None):
+                 overwrite: bool, count: int | None, checksums: bool = False):
         self.path = os.fspath(path)
         self.wanted = wanted
         if existing is not None:
@@ -199,6 +204,8 @@ class _Conversion:
         if self.created:
             # Written before any record: a store with records always says what they are.
             _schema.write(self.target, wanted)
+        if checksums and not self.store.has_checksums():
+            self.store.enable_checksums()
 
     def __enter__(self) -> _Conversion:
         return self

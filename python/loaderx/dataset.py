@@ -92,15 +92,16 @@ class _StoreView:
 
     _kind = ""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, verify_reads: bool = False) -> None:
         self._path = os.fspath(path)
+        self._verify_reads = bool(verify_reads)
         schema = _schema.read(self._path)
         if schema.kind != self._kind:
             other = "DenseDataset" if schema.kind == "dense" else "RaggedDataset"
             raise DatasetError(f"{self._path} holds a {schema.kind} dataset; open it with "
                                f"{other}")
         self._schema = schema
-        self._store = Zrecord(self._path)
+        self._store = Zrecord(self._path, verify_reads=self._verify_reads)
 
     @property
     def path(self) -> str:
@@ -145,12 +146,16 @@ class _StoreView:
         self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self._path,))
+        return (_reopen, (type(self), self._path, self._verify_reads))
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"records={len(self)}"
         return (f"{type(self).__name__}({self._path!r}, {state}, dtype={self.dtype.str}, "
                 f"item_shape={self.item_shape})")
+
+
+def _reopen(cls: type, path: str, verify_reads: bool) -> Any:
+    return cls(path, verify_reads=verify_reads)
 
 
 class DenseDataset(_StoreView):
@@ -160,12 +165,15 @@ class DenseDataset(_StoreView):
     a store of scalars); ``ds[idx]`` with a list, an integer array, a slice or a boolean mask
     is a new ``(n, *item_shape)`` array gathered in one native call. Negative indices count
     from the end; an out-of-range or non-integer index raises ``IndexError``.
+
+    ``verify_reads=True`` checks every record read against the store's checksums (a store
+    written with ``checksums=True``), raising ``CorruptStoreError`` on a mismatch.
     """
 
     _kind = "dense"
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        super().__init__(path)
+    def __init__(self, path: str | os.PathLike[str], *, verify_reads: bool = False) -> None:
+        super().__init__(path, verify_reads=verify_reads)
         self._row_bytes = self._schema.item_bytes
         self._gather_fixed = self._store._native.gather_fixed
 

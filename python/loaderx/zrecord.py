@@ -52,15 +52,23 @@ class Zrecord:
     ``"zstd_dict"`` (level 19 against the store's trained dictionary). A record that does not
     shrink is stored raw whatever the codec.
 
+    Integrity: a store can keep a checksum per record (:meth:`enable_checksums`, kept in
+    ``sums.zr``, which the reference ignores). :meth:`verify` checks every record;
+    ``verify_reads=True`` also checks each record a gather reads, raising
+    :class:`~loaderx.errors.CorruptStoreError` on a mismatch.
+
     Handles are safe to share between threads: ``gather`` and ``append`` may run concurrently;
     ``delete`` and ``compact`` need the store to themselves and raise
     :class:`~loaderx.errors.StoreBusyError` while other calls are in flight. Only one process
     (and one handle) may write a store at a time; readers are unlimited.
     """
 
-    def __init__(self, path: str | os.PathLike[str], codec: str = "zstd", *, _chunk_capacity: int | None = None):
+    def __init__(self, path: str | os.PathLike[str], codec: str = "zstd", *,
+                 verify_reads: bool = False, _chunk_capacity: int | None = None):
         self._path = os.fspath(path)
         self._native = _native.Zrecord(self._path, _codec(codec), _chunk_capacity)
+        if verify_reads:
+            self._native.verify_reads = True
 
     # -- introspection -------------------------------------------------------------------------
     @property
@@ -130,8 +138,8 @@ class Zrecord:
     def stats(self) -> dict[str, int]:
         """Space accounting: ``records``, ``live_bytes`` (stored), ``chunk_bytes`` (chunk space
         below the append frontier), ``reclaimable`` (their difference, an upper bound of what
-        :meth:`compact` frees), plus ``logical_bytes``, ``compressed_records``, ``chunks`` and
-        ``dict_bytes``."""
+        :meth:`compact` frees), plus ``logical_bytes``, ``compressed_records``, ``chunks``,
+        ``dict_bytes`` and ``checksums`` (whether the store keeps record checksums)."""
         return self._native.stats()
 
     def sync(self) -> None:
@@ -151,6 +159,34 @@ class Zrecord:
     def has_dict(self) -> bool:
         """Whether the store has a trained dictionary."""
         return self._native.has_dict()
+
+    # -- integrity -----------------------------------------------------------------------------
+    def enable_checksums(self) -> int:
+        """Starts keeping a checksum (XXH3-64) of every record: sums the records already in the
+        store (decoding each) and every later append. Returns how many records were summed now
+        (0 if the store already kept checksums). zstd frames written from then on also carry
+        zstd's own content checksum. Needs the store to itself, like :meth:`compact`."""
+        return self._native.enable_checksums()
+
+    def has_checksums(self) -> bool:
+        """Whether the store keeps record checksums."""
+        return self._native.has_checksums()
+
+    @property
+    def verify_reads(self) -> bool:
+        """Whether every gather checks the records it reads against their checksums."""
+        return self._native.verify_reads
+
+    @verify_reads.setter
+    def verify_reads(self, on: bool) -> None:
+        self._native.verify_reads = bool(on)
+
+    def verify(self) -> dict[str, Any]:
+        """Decodes every record and checks it against its checksum when one is kept. Returns
+        ``records``, ``checked`` (compared with a checksum), ``unchecked`` (decoded, no checksum
+        to compare) and ``failures``: a list of ``(index, message)`` for every damaged record.
+        Damage is reported, not raised."""
+        return self._native.verify()
 
     def close(self) -> None:
         """Syncs and closes the handle. Later calls raise

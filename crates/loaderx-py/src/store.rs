@@ -165,6 +165,7 @@ impl PyStore {
         d.set_item("compressed_records", s.compressed_records)?;
         d.set_item("chunks", s.chunks)?;
         d.set_item("dict_bytes", store.dict_size().unwrap_or(0))?;
+        d.set_item("checksums", store.has_checksums())?;
         Ok(d)
     }
 
@@ -188,6 +189,37 @@ impl PyStore {
 
     fn has_dict(&self) -> PyResult<bool> {
         Ok(self.get()?.has_dict())
+    }
+
+    fn has_checksums(&self) -> PyResult<bool> {
+        Ok(self.get()?.has_checksums())
+    }
+
+    fn enable_checksums(&self, py: Python<'_>) -> PyResult<u64> {
+        let store = self.get()?;
+        py.detach(|| store.enable_checksums()).py()
+    }
+
+    #[getter]
+    fn verify_reads(&self) -> PyResult<bool> {
+        Ok(self.get()?.verify_reads())
+    }
+
+    #[setter]
+    fn set_verify_reads(&self, on: bool) -> PyResult<()> {
+        self.get()?.set_verify_reads(on);
+        Ok(())
+    }
+
+    fn verify<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let store = self.get()?;
+        let r = py.detach(|| store.verify()).py()?;
+        let d = PyDict::new(py);
+        d.set_item("records", r.records)?;
+        d.set_item("checked", r.checked)?;
+        d.set_item("unchecked", r.unchecked)?;
+        d.set_item("failures", r.failures)?;
+        Ok(d)
     }
 
     /// Syncs and releases the handle; calls still in flight finish first on their own

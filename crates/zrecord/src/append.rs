@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::format::{Codec, RecordLoc, MAX_CHUNKS, MAX_RECORDS, MAX_RECORD_BYTES};
 use crate::pool::run_sharded;
 use crate::store::Store;
+use crate::sums::{binding, record_sum, SumEntry};
 
 /// Where a record's stored bytes are: in the caller's buffer, or in a shard's output buffer.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -132,6 +133,18 @@ impl Store {
         self.failpoints.hit("append:before-table").map_err(Error::invalid)?;
         self.write_entries(first, &entries)?;
         state.dirty_table = true;
+        if let Some(sums) = self.sums.get() {
+            let sums_of: Vec<SumEntry> = records
+                .iter()
+                .zip(&entries)
+                .map(|(r, loc)| SumEntry {
+                    sum: record_sum(&src[r.src.0..r.src.1]),
+                    binding: binding(loc),
+                })
+                .collect();
+            sums.write(&self.disk, first, &sums_of)?;
+            state.dirty_sums = true;
+        }
         self.failpoints.hit("append:before-publish").map_err(Error::invalid)?;
         state.tail_chunk = chunk;
         state.tail_offset = offset;
@@ -182,7 +195,7 @@ impl Store {
         // part, so the shard count is driven by a generous byte estimate.
         let outputs = Mutex::new(Vec::<(usize, Vec<u8>)>::new());
         run_sharded(&mut records, src.len() * 8, |block: &mut [Pending]| -> Result<()> {
-            let mut encoder = Encoder::new(dict);
+            let mut encoder = Encoder::new(dict, self.has_checksums());
             let mut out = Vec::new();
             for r in block.iter_mut() {
                 let start = out.len();

@@ -52,12 +52,21 @@ pub struct Encoder<'d> {
     with_dict: Option<Compressor<'d>>,
     dict: Option<&'d Dictionary>,
     scratch: Vec<u8>,
+    checksum: bool,
 }
 
 impl<'d> Encoder<'d> {
-    /// Contexts are made on first use.
-    pub fn new(dict: Option<&'d Dictionary>) -> Self {
-        Encoder { plain: None, with_dict: None, dict, scratch: Vec::new() }
+    /// Contexts are made on first use. With `checksum`, frames carry zstd's content checksum
+    /// (4 bytes), which every decoder verifies.
+    pub fn new(dict: Option<&'d Dictionary>, checksum: bool) -> Self {
+        Encoder { plain: None, with_dict: None, dict, scratch: Vec::new(), checksum }
+    }
+
+    fn configured(&self, mut ctx: Compressor<'d>) -> io::Result<Compressor<'d>> {
+        if self.checksum {
+            ctx.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))?;
+        }
+        Ok(ctx)
     }
 
     /// Compresses `src` and appends the frame to `out` if that makes the record smaller.
@@ -67,19 +76,19 @@ impl<'d> Encoder<'d> {
         if codec == Codec::Raw || src.len() < 2 {
             return Ok(Codec::Raw);
         }
+        if codec == Codec::Zstd && self.plain.is_none() {
+            self.plain = Some(self.configured(Compressor::new(ZSTD_LEVEL)?)?);
+        }
+        if codec == Codec::ZstdDict && self.with_dict.is_none() {
+            let dict = self.dict.ok_or_else(|| io::Error::other("no dictionary"))?;
+            let ctx = Compressor::with_prepared_dictionary(&dict.encoder)?;
+            self.with_dict = Some(self.configured(ctx)?);
+        }
         let ctx = match codec {
-            Codec::Zstd => match &mut self.plain {
-                Some(c) => c,
-                slot => slot.insert(Compressor::new(ZSTD_LEVEL)?),
-            },
-            _ => match &mut self.with_dict {
-                Some(c) => c,
-                slot => {
-                    let dict = self.dict.ok_or_else(|| io::Error::other("no dictionary"))?;
-                    slot.insert(Compressor::with_prepared_dictionary(&dict.encoder)?)
-                }
-            },
-        };
+            Codec::Zstd => self.plain.as_mut(),
+            _ => self.with_dict.as_mut(),
+        }
+        .expect("made above");
         // zstd gets one byte less room than the input: output that would not shrink the record
         // is unwanted, and zstd then reports "destination too small" instead of writing it.
         let room = src.len() - 1;

@@ -18,6 +18,7 @@ use std::collections::BTreeSet;
 use crate::error::{Error, Result};
 use crate::format::{chunk_file_name, RecordLoc, MAX_CHUNKS};
 use crate::store::{Store, WriterState};
+use crate::sums::{binding, SumEntry};
 
 /// Most bytes moved per batch (each batch costs four syncs).
 const BATCH_BYTES: u64 = 64 << 20;
@@ -197,13 +198,32 @@ impl Store {
         for &id in written {
             self.chunks.get(id)?.sync()?;
         }
+        let mut rebound = Vec::new();
         for (m, (chunk, offset)) in places {
             let loc = RecordLoc { chunk_id: chunk as u16, offset: offset as u32, ..m.old };
             for &idx in &m.indices {
+                let before = self.meta.entry(idx);
                 self.write_entries(idx, &[loc])?;
+                rebound.push((idx, before, loc));
             }
         }
-        self.sync_meta()
+        self.sync_meta()?;
+        // Checksums follow their records to the new place: the sum is of the logical bytes,
+        // which do not change; only a binding that was valid is moved (a stale one stays stale).
+        if let Some(sums) = self.sums.get() {
+            for (idx, before, after) in rebound {
+                let e = sums.entry(idx);
+                if e.binding == binding(&before) {
+                    sums.write(
+                        &self.disk,
+                        idx,
+                        &[SumEntry { sum: e.sum, binding: binding(&after) }],
+                    )?;
+                }
+            }
+            sums.sync(&self.disk)?;
+        }
+        Ok(())
     }
 
     /// Refuses to compact a table whose records overlap (other than exact duplicates), lie past

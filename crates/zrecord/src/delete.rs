@@ -31,6 +31,14 @@ impl Store {
                     result = Err(e);
                     break;
                 }
+                // The checksum travels with its record (its binding still matches).
+                if let Some(sums) = self.sums.get() {
+                    if let Err(e) = sums.write(&self.disk, hole, &[sums.entry(last)]) {
+                        result = Err(e);
+                        break;
+                    }
+                    state.dirty_sums = true;
+                }
             }
             live -= 1;
         }

@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::format::{Codec, RecordLoc, MAX_RECORD_BYTES};
 use crate::pool::run_sharded_at_most;
 use crate::store::Store;
+use crate::sums::Verdict;
 
 /// One record to read: its index, its table entry and where it goes.
 struct Slot<'d> {
@@ -114,7 +115,7 @@ impl Store {
     }
 
     /// Copies or decodes one record into `dst`, checking its entry against the store first.
-    fn read_record(
+    pub(crate) fn read_record(
         &self,
         index: u64,
         loc: &RecordLoc,
@@ -145,10 +146,21 @@ impl Store {
                 other => other,
             })?;
         match dec.decode(codec, stored, dst) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(Error::MissingDictionary { path: self.dir.clone() }),
-            Err(e) => Err(Error::corrupt(chunk_path(), format!("record {index}: {e}"))),
+            Ok(true) => {}
+            Ok(false) => return Err(Error::MissingDictionary { path: self.dir.clone() }),
+            Err(e) => return Err(Error::corrupt(chunk_path(), format!("record {index}: {e}"))),
         }
+        if self.verify_reads() {
+            if let Some(sums) = self.sums.get() {
+                if sums.check(index, loc, dst) == Verdict::Bad {
+                    return Err(Error::corrupt(
+                        chunk_path(),
+                        format!("record {index} does not match its checksum: its bytes changed"),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -26,12 +26,15 @@ mod error;
 pub mod failpoint;
 pub mod format;
 mod gather;
+mod integrity;
 mod mapped;
 pub mod pool;
 pub mod published;
 mod store;
+pub mod sums;
 
 pub use compact::CompactReport;
 pub use error::{Error, Result};
 pub use format::Codec;
+pub use integrity::VerifyReport;
 pub use store::{Options, Stats, Store};

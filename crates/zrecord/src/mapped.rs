@@ -1,5 +1,5 @@
 //! Every `unsafe` block of the engine lives here: the mmap of `meta.zr`, read-only maps of chunk
-//! files, and the slot table that hands out chunk handles without a lock.
+//! files and of `sums.zr`, and the slot table that hands out chunk handles without a lock.
 //!
 //! The rest of the crate sees safe types: [`MetaMap`] reads the header through atomics and table
 //! entries by value, [`ChunkMap`] yields byte slices only inside the file's known size, and
@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use memmap2::{MmapOptions, MmapRaw};
 
 use crate::format::{Header, RecordLoc, HEADER_BYTES, MAX_RECORDS, META_BYTES};
+use crate::sums::{SumEntry, SUMS_BYTES, SUMS_HEADER_BYTES};
 
 /// `meta.zr` mapped whole, shared with the file (writes through `pwrite` are visible here).
 pub struct MetaMap {
@@ -78,6 +79,29 @@ impl MetaMap {
     /// `msync` of the header page.
     pub fn flush_header(&self) -> std::io::Result<()> {
         self.map.flush_range(0, HEADER_BYTES as usize)
+    }
+}
+
+/// `sums.zr` mapped read-only whole; entries are written with `pwrite` and read here.
+pub struct SumsMap {
+    map: MmapRaw,
+}
+
+impl SumsMap {
+    /// Maps `file`, which the caller has checked is exactly [`SUMS_BYTES`] long.
+    pub fn new(file: &File) -> std::io::Result<Self> {
+        let map = MmapOptions::new().len(SUMS_BYTES as usize).map_raw_read_only(file)?;
+        Ok(SumsMap { map })
+    }
+
+    /// Checksum entry `index`, read by value.
+    pub fn entry(&self, index: u64) -> SumEntry {
+        assert!(index < MAX_RECORDS, "checksum index {index} past the table");
+        let at = (SUMS_HEADER_BYTES + index * std::mem::size_of::<SumEntry>() as u64) as usize;
+        // SAFETY: `at + 16 <= SUMS_BYTES`, the map's length, and `at` is 16-byte aligned in a
+        // page-aligned map. Volatile, as for table entries: the file may be rewritten through
+        // `pwrite`; a torn read yields an entry that fails its binding check, never UB.
+        unsafe { ptr::read_volatile(self.map.as_ptr().add(at) as *const SumEntry) }
     }
 }
 

@@ -14,6 +14,7 @@ use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::access::{Activity, WriterLock};
@@ -28,6 +29,7 @@ use crate::format::{
 };
 use crate::mapped::MetaMap;
 use crate::published::PublishedLen;
+use crate::sums::Sums;
 
 /// How to open a store.
 #[derive(Clone, Debug)]
@@ -73,6 +75,8 @@ pub(crate) struct WriterState {
     pub dirty_chunks: BTreeSet<u64>,
     /// Table entries written since the last sync.
     pub dirty_table: bool,
+    /// Checksum entries written since the last sync.
+    pub dirty_sums: bool,
 }
 
 /// An open store. Share it between threads behind an `Arc`: every method takes `&self`.
@@ -86,12 +90,15 @@ pub struct Store {
     pub(crate) dict: OnceLock<Arc<Dictionary>>,
     pub(crate) writer: Mutex<WriterState>,
     pub(crate) activity: Activity,
-    pub(crate) writable: bool,
     /// Why the store is open read-only (the errno that refused write access), if it is.
     read_only_errno: Option<i32>,
     pub(crate) default_codec: Codec,
     pub(crate) failpoints: Failpoints,
     pub(crate) disk: Arc<Disk>,
+    /// Record checksums (`sums.zr`), when the store keeps them.
+    pub(crate) sums: OnceLock<Sums>,
+    /// Check every record read against its checksum.
+    pub(crate) verify_reads: AtomicBool,
 }
 
 impl Store {
@@ -143,7 +150,10 @@ impl Store {
                 lock: None,
                 dirty_chunks: BTreeSet::new(),
                 dirty_table: false,
+                dirty_sums: false,
             }),
+            sums: OnceLock::new(),
+            verify_reads: AtomicBool::new(false),
             dict: OnceLock::new(),
             activity: Activity::default(),
             default_codec: options.codec,
@@ -152,10 +162,12 @@ impl Store {
             meta_path,
             meta_file,
             meta,
-            writable,
             read_only_errno,
         };
         store.load_dict()?;
+        if let Some(sums) = Sums::open(&store.dir, writable)? {
+            let _ = store.sums.set(sums);
+        }
         Ok(store)
     }
 
@@ -182,6 +194,21 @@ impl Store {
     /// Size of the loaded dictionary in bytes, if the store has one.
     pub fn dict_size(&self) -> Option<usize> {
         self.dict.get().map(|d| d.raw().len())
+    }
+
+    /// Whether the store keeps record checksums (`sums.zr`).
+    pub fn has_checksums(&self) -> bool {
+        self.sums.get().is_some()
+    }
+
+    /// Whether every gather checks each record it reads against its checksum.
+    pub fn verify_reads(&self) -> bool {
+        self.verify_reads.load(Ordering::Relaxed)
+    }
+
+    /// Turns checking on every read on or off (it needs checksums to check anything).
+    pub fn set_verify_reads(&self, on: bool) {
+        self.verify_reads.store(on, Ordering::Relaxed);
     }
 
     /// Whether a dictionary (`dict.zr`) is loaded.
@@ -255,7 +282,11 @@ impl Store {
         let header_current = header.length == len
             && u64::from(header.tail_chunk) == state.tail_chunk
             && u64::from(header.tail_offset) == state.tail_offset;
-        if state.dirty_chunks.is_empty() && !state.dirty_table && header_current {
+        if state.dirty_chunks.is_empty()
+            && !state.dirty_table
+            && !state.dirty_sums
+            && header_current
+        {
             return Ok(());
         }
         for &id in &state.dirty_chunks {
@@ -272,6 +303,12 @@ impl Store {
         if state.dirty_table {
             self.sync_meta()?;
             state.dirty_table = false;
+        }
+        if state.dirty_sums {
+            if let Some(sums) = self.sums.get() {
+                sums.sync(&self.disk)?;
+            }
+            state.dirty_sums = false;
         }
         self.failpoints.hit("sync:before-header").map_err(Error::invalid)?;
         let (tail_chunk, tail_offset) = (state.tail_chunk as u16, state.tail_offset as u32);

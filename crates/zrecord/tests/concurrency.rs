@@ -95,6 +95,8 @@ fn a_paused_append_does_not_block_or_confuse_readers() {
         let e = store.compact().unwrap_err();
         assert!(matches!(e, Error::Busy(ref m) if m.contains("in flight")), "{e}");
         assert!(matches!(store.delete(&[0]), Err(Error::Busy(_))));
+        assert!(matches!(store.enable_checksums(), Err(Error::Busy(_))));
+        assert!(!store.has_checksums());
         store.failpoints().release(point);
         assert_eq!(writer.join().unwrap(), n);
         assert_eq!(store.len(), n + 5);

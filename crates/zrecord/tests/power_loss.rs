@@ -80,10 +80,16 @@ fn every_cut(
 
 /// A seeded workload of appends (codecs mixed, sizes 0..900 so chunks roll over, syncs now and
 /// then), recorded in the journal of a store that already holds `initial` synced records.
-fn append_workload(
-    seed: u64,
-    with_dict: bool,
-) -> (tempfile::TempDir, World, Vec<Change>, Marks, Vec<Vec<u8>>, u64) {
+struct Workload {
+    _dir: tempfile::TempDir,
+    world: World,
+    journal: Vec<Change>,
+    marks: Marks,
+    expected: Vec<Vec<u8>>,
+    initial: u64,
+}
+
+fn append_workload(seed: u64, with_dict: bool, with_sums: bool) -> Workload {
     let dir = scratch();
     let mut rng = Rng(seed);
     let mut expected: Vec<Vec<u8>> = Vec::new();
@@ -99,6 +105,9 @@ fn append_workload(
     let mut marks = Marks::default();
     store.disk().hooks().start_journal();
     let hooks = store.disk().hooks();
+    if with_sums {
+        store.enable_checksums().unwrap();
+    }
     if with_dict {
         let samples: Vec<Vec<u8>> = (0..100).map(|i| record(50_000 + i, 1000)).collect();
         let (buf, _) = pack(&samples);
@@ -126,7 +135,7 @@ fn append_workload(
     store.close().unwrap();
     marks.syncs.push((hooks.journal_len(), expected.len() as u64));
     let journal = hooks.take_journal();
-    (dir, world, journal, marks, expected, initial)
+    Workload { _dir: dir, world, journal, marks, expected, initial }
 }
 
 fn check_prefix(dir: &Path, expected: &[Vec<u8>], (lo, hi): (u64, u64), what: &str) {
@@ -138,6 +147,9 @@ fn check_prefix(dir: &Path, expected: &[Vec<u8>], (lo, hi): (u64, u64), what: &s
     for (i, rec) in got.iter().enumerate() {
         assert!(rec == &expected[i], "{what}: record {i} differs");
     }
+    // Checksums, where kept, never report a record that is intact as damaged.
+    let report = store.verify().unwrap();
+    assert!(report.failures.is_empty(), "{what}: {:?}", report.failures);
     // Appending goes on, and survives a reopen.
     let extra = record(99_999, 333);
     store.append(&extra, &[0], Some(Codec::Zstd)).unwrap();
@@ -151,8 +163,9 @@ fn check_prefix(dir: &Path, expected: &[Vec<u8>], (lo, hi): (u64, u64), what: &s
 #[test]
 fn every_cut_of_appends_leaves_a_prefix() {
     let mut total = 0;
-    for (seed, with_dict) in [(1u64, false), (2, true), (3, false)] {
-        let (_dir, mut world, journal, marks, expected, initial) = append_workload(seed, with_dict);
+    for (seed, with_dict, with_sums) in [(1u64, false, false), (2, true, false), (3, false, true)] {
+        let Workload { mut world, journal, marks, expected, initial, .. } =
+            append_workload(seed, with_dict, with_sums);
         assert!(journal.iter().any(|c| matches!(c, Change::Create { .. })), "no chunk rolled over");
         total += every_cut(&mut world, &journal, seed, |cut, fate, out| {
             let what = format!("seed {seed}, cut {cut}/{}, {fate:?}", journal.len());
@@ -165,6 +178,7 @@ fn every_cut_of_appends_leaves_a_prefix() {
 /// A store with deleted records (so compaction has work), synced; returns its live records.
 fn fragmented(dir: &Path) -> Vec<Vec<u8>> {
     let store = open_at(dir, Codec::Zstd);
+    store.enable_checksums().unwrap();
     let recs: Vec<Vec<u8>> = (0..60).map(|i| record(i, 100 + (i as usize * 37) % 700)).collect();
     let (buf, off) = pack(&recs);
     store.append(&buf, &off, None).unwrap();
@@ -196,6 +210,8 @@ fn every_cut_of_a_compaction_keeps_every_record() {
         let store = Store::open(out, Options { codec: Codec::Zstd, chunk_capacity: CAPACITY })
             .unwrap_or_else(|e| panic!("{what}: the store does not open: {e}"));
         assert!(read_all(&store) == model, "{what}: records differ before re-running compact");
+        let report = store.verify().unwrap();
+        assert!(report.failures.is_empty(), "{what}: {:?}", report.failures);
         store.compact().unwrap_or_else(|e| panic!("{what}: compact again: {e}"));
         assert!(read_all(&store) == model, "{what}: records differ after compact");
         assert_packed(&store, &done, &what);

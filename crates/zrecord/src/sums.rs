@@ -1,0 +1,176 @@
+//! Optional record checksums, kept in `sums.zr` beside the store (a loaderx extension that the
+//! reference and other readers ignore; see docs/FORMAT.md, "sums.zr").
+//!
+//! Entry `i` holds the XXH3-64 of record `i`'s logical bytes and a *binding*: the XXH3-64 of
+//! the table entry the sum was computed for. A sum counts only while its binding matches the
+//! record's current table entry, so a record appended, moved or swapped by a writer that does
+//! not keep checksums (the reference, or a crash between the two writes) reads as "unchecked",
+//! never as a false failure.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use bytemuck::{Pod, Zeroable};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::disk::Disk;
+use crate::error::{Error, Result};
+use crate::format::{RecordLoc, MAX_RECORDS};
+use crate::mapped::SumsMap;
+
+/// Name of the checksum file.
+pub const SUMS_FILE: &str = "sums.zr";
+/// Bytes before the first entry.
+pub const SUMS_HEADER_BYTES: u64 = 16;
+/// Size of `sums.zr`: the header and one entry per possible record (sparse).
+pub const SUMS_BYTES: u64 = SUMS_HEADER_BYTES + MAX_RECORDS * 16;
+const SUMS_MAGIC: [u8; 4] = *b"ZSUM";
+const SUMS_VERSION: u16 = 1;
+/// Checksum algorithm tag: 1 = XXH3-64.
+const ALGORITHM_XXH3_64: u16 = 1;
+
+/// ## Format
+/// Bytes 0..16 of `sums.zr`: `magic "ZSUM" | version u16 = 1 | algorithm u16 = 1 | reserved u64`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct SumsHeader {
+    pub magic: [u8; 4],
+    pub version: u16,
+    pub algorithm: u16,
+    pub reserved: u64,
+}
+
+/// ## Format
+/// One 16-byte entry: `sum u64 | binding u64`. All zeros: no checksum.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct SumEntry {
+    /// XXH3-64 of the record's logical (decoded) bytes.
+    pub sum: u64,
+    /// [`binding`] of the table entry the sum belongs to.
+    pub binding: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<SumsHeader>() == SUMS_HEADER_BYTES as usize);
+const _: () = assert!(std::mem::size_of::<SumEntry>() == 16);
+
+/// The checksum of a record's logical bytes.
+pub fn record_sum(bytes: &[u8]) -> u64 {
+    xxh3_64(bytes)
+}
+
+/// What ties a sum to one table entry; never 0, so an unwritten (zero) entry binds nothing.
+pub fn binding(loc: &RecordLoc) -> u64 {
+    xxh3_64(bytemuck::bytes_of(loc)) | 1
+}
+
+/// What a record's checksum says about bytes read for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The sum matches.
+    Good,
+    /// The sum does not match: the record's bytes changed since it was written.
+    Bad,
+    /// No sum is bound to the record's current table entry.
+    Unchecked,
+}
+
+/// The open checksum file of a store.
+pub struct Sums {
+    path: PathBuf,
+    file: File,
+    map: SumsMap,
+}
+
+impl Sums {
+    /// Opens `sums.zr` in `dir` if there is one.
+    pub fn open(dir: &Path, writable: bool) -> Result<Option<Sums>> {
+        let path = dir.join(SUMS_FILE);
+        let file = match std::fs::OpenOptions::new().read(true).write(writable).open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io(&path, e)),
+        };
+        let size = file.metadata().map_err(|e| Error::io(&path, e))?.len();
+        if size != SUMS_BYTES {
+            return Err(Error::corrupt(&path, format!("{size} bytes, sums.zr is {SUMS_BYTES}")));
+        }
+        let mut header = SumsHeader::zeroed();
+        file.read_exact_at(bytemuck::bytes_of_mut(&mut header), 0)
+            .map_err(|e| Error::io(&path, e))?;
+        if header.magic != SUMS_MAGIC
+            || header.version != SUMS_VERSION
+            || header.algorithm != ALGORITHM_XXH3_64
+        {
+            return Err(Error::corrupt(
+                &path,
+                format!(
+                    "not a checksum file this build reads (magic {:?}, version {}, algorithm {})",
+                    header.magic, header.version, header.algorithm
+                ),
+            ));
+        }
+        let map = SumsMap::new(&file).map_err(|e| Error::io(&path, e))?;
+        Ok(Some(Sums { path, file, map }))
+    }
+
+    /// Creates an empty `sums.zr` in `dir` (built aside, synced and renamed into place).
+    pub fn create(dir: &Path, disk: &Disk) -> Result<Sums> {
+        let path = dir.join(SUMS_FILE);
+        let tmp = dir.join(format!(".{SUMS_FILE}.{}.tmp", std::process::id()));
+        let header = SumsHeader {
+            magic: SUMS_MAGIC,
+            version: SUMS_VERSION,
+            algorithm: ALGORITHM_XXH3_64,
+            reserved: 0,
+        };
+        let build = || -> std::io::Result<()> {
+            let f = disk.create_truncated(&tmp)?;
+            disk.set_len(&f, &tmp, SUMS_BYTES)?;
+            disk.write_at(&f, &tmp, 0, bytemuck::bytes_of(&header))?;
+            disk.sync_file(&f, &tmp)?;
+            disk.rename(&tmp, &path)?;
+            disk.sync_dir(dir)
+        };
+        if let Err(e) = build() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::io(&path, e));
+        }
+        Sums::open(dir, true)?.ok_or_else(|| Error::corrupt(&path, "vanished after creation"))
+    }
+
+    /// Path of the file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Entry `index`.
+    pub fn entry(&self, index: u64) -> SumEntry {
+        self.map.entry(index)
+    }
+
+    /// Judges `bytes`, read for record `index` whose table entry is `loc`.
+    pub fn check(&self, index: u64, loc: &RecordLoc, bytes: &[u8]) -> Verdict {
+        let e = self.entry(index);
+        if e.binding != binding(loc) {
+            Verdict::Unchecked
+        } else if e.sum == record_sum(bytes) {
+            Verdict::Good
+        } else {
+            Verdict::Bad
+        }
+    }
+
+    /// Writes entries starting at `first` with one positional write.
+    pub fn write(&self, disk: &Disk, first: u64, entries: &[SumEntry]) -> Result<()> {
+        let at = SUMS_HEADER_BYTES + first * 16;
+        disk.write_at(&self.file, &self.path, at, bytemuck::cast_slice(entries))
+            .map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// `fdatasync` of the file.
+    pub fn sync(&self, disk: &Disk) -> Result<()> {
+        disk.sync_file(&self.file, &self.path).map_err(|e| Error::io(&self.path, e))
+    }
+}
