@@ -1,0 +1,225 @@
+"""The ``loaderx`` command (also ``python -m loaderx``).
+
+Commands::
+
+    loaderx info STORE [--json]       what a store or dataset holds
+    loaderx convert INPUT.npy OUT [--codec zstd] [--checksums] [--overwrite] ...
+    loaderx verify STORE              decode every record, check checksums; exit 1 on damage
+    loaderx compact STORE             reclaim the space of deleted records
+    loaderx bench [LAYER]             run the benchmark harness (scripts/bench.py)
+
+Exit status: 0 success; 1 ``verify`` found damaged records; 2 bad usage or input (a missing
+path, a file that is not a store, an unreadable .npy, a busy store). Errors print one line to
+stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from loaderx import _schema
+from loaderx.errors import ZrecordError
+
+EXIT_OK, EXIT_DAMAGED, EXIT_USAGE = 0, 1, 2
+
+
+class _UsageError(Exception):
+    """Bad input: printed as one line, exit status 2."""
+
+
+def _store_dir(path: str) -> str:
+    if not os.path.exists(path):
+        raise _UsageError(f"{path}: no such file or directory")
+    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, _schema.META_FILE)):
+        raise _UsageError(f"{path}: not a loaderx store (no {_schema.META_FILE})")
+    return path
+
+
+def _open(path: str) -> Any:
+    from loaderx.zrecord import Zrecord
+
+    return Zrecord(_store_dir(path))
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    path = _store_dir(args.store)
+    info: dict[str, Any] = {"path": os.path.abspath(path)}
+    if os.path.exists(os.path.join(path, _schema.SCHEMA_FILE)):
+        s = _schema.read(path)
+        info.update(kind=s.kind, dtype=s.dtype.str, item_shape=list(s.item_shape), codec=s.codec)
+    else:
+        info.update(kind="raw", dtype=None, item_shape=None, codec=None)
+    with _open(path) as z:
+        st = z.stats()
+    info.update(records=st["records"], live_bytes=st["live_bytes"],
+                logical_bytes=st["logical_bytes"], chunk_bytes=st["chunk_bytes"],
+                reclaimable=st["reclaimable"], chunks=st["chunks"],
+                compressed_records=st["compressed_records"], dict_bytes=st["dict_bytes"],
+                checksums=st["checksums"])
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return EXIT_OK
+    shape = "" if info["item_shape"] is None else f"  item shape {tuple(info['item_shape'])}"
+    lines = [
+        f"store        {info['path']}",
+        f"kind         {info['kind']}" + (f"  dtype {info['dtype']}{shape}" if info["dtype"]
+                                         else "  (no schema.msgpack: byte records)"),
+        f"codec        {info['codec'] or '-'} (last conversion); "
+        f"{info['compressed_records']} of {info['records']} records stored compressed",
+        f"records      {info['records']}",
+        f"live bytes   {_size(info['live_bytes'])} stored, {_size(info['logical_bytes'])} "
+        "decoded",
+        f"chunk bytes  {_size(info['chunk_bytes'])} in {info['chunks']} chunk file(s), "
+        f"{_size(info['reclaimable'])} reclaimable by compact",
+        f"dictionary   {_size(info['dict_bytes']) if info['dict_bytes'] else 'none'}",
+        f"checksums    {'yes (sums.zr)' if info['checksums'] else 'no'}",
+    ]
+    print("\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from loaderx.converter import from_numpy
+
+    if not os.path.isfile(args.input):
+        raise _UsageError(f"{args.input}: no such file")
+    try:
+        arr = np.load(args.input, mmap_mode="r", allow_pickle=False)
+    except Exception as e:  # numpy raises several types for a file that is not a .npy
+        raise _UsageError(f"{args.input}: not a readable .npy file ({e})") from None
+    if not isinstance(arr, np.ndarray):
+        raise _UsageError(f"{args.input}: holds several arrays (.npz); convert one .npy")
+    progress = None if args.progress == "auto" else args.progress == "on"
+    n = from_numpy(args.out, arr, codec=args.codec, chunk_bytes=args.chunk_bytes,
+                   dict_size=args.dict_size, overwrite=args.overwrite, progress=progress,
+                   checksums=args.checksums)
+    print(f"{args.out}: {n} records ({arr.dtype.str} {tuple(arr.shape[1:])}, {args.codec})")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    path = _store_dir(args.store)
+    dense = None
+    if os.path.exists(os.path.join(path, _schema.SCHEMA_FILE)):
+        dense = _schema.read(path)
+    with _open(path) as z:
+        report = z.verify()
+        failures = list(report["failures"])
+        if dense is not None and len(z):
+            failures += _schema_failures(z, dense, {i for i, _ in failures})
+    failures.sort()
+    for index, message in failures:
+        print(f"record {index}: {message}")
+    summary = (f"{path}: {report['records']} records decoded, {report['checked']} checked "
+               f"against checksums, {report['unchecked']} without one; "
+               f"{len(failures)} damaged")
+    print(summary, file=sys.stderr if failures else sys.stdout)
+    return EXIT_DAMAGED if failures else EXIT_OK
+
+
+def _schema_failures(z: Any, s: _schema.Schema, known: set[int]) -> list[tuple[int, str]]:
+    """Records whose length does not fit the dataset's schema."""
+    lengths = z.lengths(np.arange(len(z), dtype=np.uint64)).astype(np.int64)
+    unit = s.item_bytes
+    if s.kind == "dense":
+        bad = np.flatnonzero(lengths != unit)
+        why = f"holds {{}} bytes, a {s.describe()} record is {unit}"
+    elif unit:
+        bad = np.flatnonzero(lengths % unit)
+        why = f"holds {{}} bytes, not a whole number of {unit}-byte rows"
+    else:
+        return []
+    return [(int(i), why.format(int(lengths[i]))) for i in bad if int(i) not in known]
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    with _open(args.store) as z:
+        r = z.compact()
+    print(f"{args.store}: moved {r['moved']} records, chunk bytes "
+          f"{_size(r['chunk_bytes_before'])} -> {_size(r['chunk_bytes_after'])}, "
+          f"{r['chunks_removed']} chunk file(s) removed")
+    return EXIT_OK
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    script = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
+    if not script.is_file():
+        raise _UsageError("the benchmark harness ships with the source tree (scripts/bench.py); "
+                          "run this from a checkout of loaderx")
+    cmd = [sys.executable, str(script), args.layer]
+    if args.repeats:
+        cmd += ["--repeats", str(args.repeats)]
+    return subprocess.run(cmd).returncode
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="loaderx", description="loaderx record stores and datasets")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    info = sub.add_parser("info", help="what a store or dataset holds")
+    info.add_argument("store")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.set_defaults(run=cmd_info)
+
+    conv = sub.add_parser("convert", help="write a .npy array as a dense dataset")
+    conv.add_argument("input", help="a .npy file (memory-mapped, never loaded whole)")
+    conv.add_argument("out", help="the dataset directory (appended to if it exists)")
+    conv.add_argument("--codec", choices=["raw", "zstd", "zstd_dict"], default="zstd")
+    conv.add_argument("--chunk-bytes", type=int, default=64 << 20)
+    conv.add_argument("--dict-size", type=int, default=None)
+    conv.add_argument("--checksums", action="store_true", help="keep a checksum per record")
+    conv.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    conv.add_argument("--progress", choices=["auto", "on", "off"], default="auto",
+                      help="progress bar (needs tqdm; auto: when stderr is a terminal)")
+    conv.set_defaults(run=cmd_convert)
+
+    ver = sub.add_parser("verify", help="decode every record and check checksums")
+    ver.add_argument("store")
+    ver.set_defaults(run=cmd_verify)
+
+    comp = sub.add_parser("compact", help="reclaim the space of deleted records")
+    comp.add_argument("store")
+    comp.set_defaults(run=cmd_compact)
+
+    bench = sub.add_parser("bench", help="run the benchmarks (from a source checkout)")
+    bench.add_argument("layer", nargs="?", default="all",
+                       choices=["sampler", "store", "loader", "all"],
+                       help="sampler, store, loader or all (default)")
+    bench.add_argument("--repeats", type=int, default=None)
+    bench.set_defaults(run=cmd_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except _UsageError as e:
+        print(f"loaderx {args.command}: {e}", file=sys.stderr)
+    except (ZrecordError, OSError, ValueError) as e:
+        print(f"loaderx {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"loaderx {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The ``loaderx`` command, run as a subprocess the way a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from loaderx.converter import from_iterator
+from loaderx.dataset import DenseDataset
+from loaderx.zrecord import Zrecord
+
+DATA = (np.arange(300 * 12, dtype=np.float32) % 17).reshape(300, 4, 3)
+
+
+def run(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "loaderx", *args], capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess, code: int, *needles: str) -> None:
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for n in needles:
+        assert n in proc.stderr, proc.stderr
+
+
+@pytest.fixture
+def npy(tmp_path):
+    path = tmp_path / "data.npy"
+    np.save(path, DATA)
+    return path
+
+
+def test_convert_info_verify_compact(tmp_path, npy):
+    out = tmp_path / "ds"
+    p = run("convert", str(npy), str(out), "--codec", "zstd", "--checksums", "--progress", "off")
+    assert p.returncode == 0, p.stderr
+    assert "300 records" in p.stdout
+    with DenseDataset(out) as ds:
+        np.testing.assert_array_equal(ds[:], DATA)
+
+    info = run("info", str(out), "--json")
+    assert info.returncode == 0, info.stderr
+    got = json.loads(info.stdout)
+    assert got["kind"] == "dense" and got["dtype"] == "<f4" and got["item_shape"] == [4, 3]
+    assert got["codec"] == "zstd" and got["records"] == 300 and got["checksums"] is True
+    assert got["reclaimable"] == 0 and got["dict_bytes"] == 0
+    text = run("info", str(out)).stdout
+    assert "records      300" in text and "checksums    yes" in text
+
+    v = run("verify", str(out))
+    assert v.returncode == 0, v.stderr
+    assert "300 records decoded, 300 checked" in v.stdout
+
+    with Zrecord(out) as z:
+        z.delete(np.arange(0, 300, 2, dtype=np.uint64))
+    assert json.loads(run("info", str(out), "--json").stdout)["reclaimable"] > 0
+    c = run("compact", str(out))
+    assert c.returncode == 0 and "moved" in c.stdout, c.stderr
+    assert json.loads(run("info", str(out), "--json").stdout)["reclaimable"] == 0
+    assert run("verify", str(out)).returncode == 0
+
+
+def test_verify_reports_each_damaged_record_and_fails(tmp_path, npy):
+    out = tmp_path / "ds"
+    assert run("convert", str(npy), str(out), "--codec", "raw", "--checksums").returncode == 0
+    record = DATA[0].nbytes
+    with open(out / "0.zr", "r+b") as f:
+        for i in (4, 250):
+            f.seek(i * record + 5)
+            b = f.read(1)
+            f.seek(i * record + 5)
+            f.write(bytes([b[0] ^ 1]))
+    v = run("verify", str(out))
+    assert v.returncode == 1
+    assert "record 4:" in v.stdout and "record 250:" in v.stdout
+    assert "2 damaged" in v.stderr and "Traceback" not in v.stderr
+
+
+def test_verify_checks_records_against_the_schema(tmp_path):
+    from_iterator(tmp_path / "r", [np.ones((2, 3), np.int16), np.ones((1, 3), np.int16)])
+    with Zrecord(tmp_path / "r") as z:
+        z.append(b"\x01\x02\x03", [0])  # 3 bytes: not whole 6-byte rows
+    v = run("verify", str(tmp_path / "r"))
+    assert v.returncode == 1 and "record 2:" in v.stdout and "rows" in v.stdout
+
+
+def test_raw_store_info(tmp_path):
+    with Zrecord(tmp_path / "raw") as z:
+        z.append(b"abcdef", [0, 3])
+    info = json.loads(run("info", str(tmp_path / "raw"), "--json").stdout)
+    assert info["kind"] == "raw" and info["records"] == 2 and info["checksums"] is False
+
+
+def test_bad_paths_and_inputs_are_one_line_errors(tmp_path, npy):
+    assert_clean_error(run("info", str(tmp_path / "nope")), 2, "no such file or directory")
+    (tmp_path / "empty").mkdir()
+    assert_clean_error(run("verify", str(tmp_path / "empty")), 2, "not a loaderx store")
+    assert_clean_error(run("compact", str(npy)), 2, "not a loaderx store")
+    (tmp_path / "junk.npy").write_bytes(b"not numpy")
+    assert_clean_error(run("convert", str(tmp_path / "junk.npy"), str(tmp_path / "o")), 2,
+                       "not a readable .npy")
+    assert_clean_error(run("convert", str(tmp_path / "missing.npy"), str(tmp_path / "o")), 2,
+                       "no such file")
+    assert not (tmp_path / "o").exists()
+    # A dataset of another shape at OUT: the converter's own error, as one line.
+    assert run("convert", str(npy), str(tmp_path / "d")).returncode == 0
+    np.save(tmp_path / "other.npy", np.zeros((3, 2), np.int8))
+    assert_clean_error(run("convert", str(tmp_path / "other.npy"), str(tmp_path / "d")), 2,
+                       "DatasetError", "cannot append")
+    # A damaged meta.zr.
+    with open(tmp_path / "d" / "meta.zr", "r+b") as f:
+        f.write(b"XXXX")
+    assert_clean_error(run("info", str(tmp_path / "d")), 2, "CorruptStoreError", "magic")
+    # Usage errors are argparse's (exit 2).
+    assert run("frobnicate").returncode == 2
+    assert run().returncode == 2
+
+
+def test_console_script(tmp_path):
+    exe = os.path.join(os.path.dirname(sys.executable), "loaderx")
+    p = subprocess.run([exe, "info", str(tmp_path / "nope")], capture_output=True, text=True)
+    assert_clean_error(p, 2, "no such file or directory")
+
+
+def test_bench_runs_the_harness_of_the_checkout(monkeypatch):
+    from loaderx import cli
+
+    calls = []
+    monkeypatch.setattr(cli.subprocess, "run",
+                        lambda cmd: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    assert cli.main(["bench", "store", "--repeats", "3"]) == 0
+    (cmd,) = calls
+    assert cmd[0] == sys.executable and cmd[1].endswith(os.path.join("scripts", "bench.py"))
+    assert os.path.isfile(cmd[1]) and cmd[2:] == ["store", "--repeats", "3"]
