@@ -8,9 +8,11 @@ import re
 
 import pytest
 
+import loaderx.concat
 import loaderx.converter
 import loaderx.dataloader
 import loaderx.dataset
+import loaderx.sharding
 import loaderx.zrecord
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
@@ -25,7 +27,7 @@ def test_readme_examples_run(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("module", [loaderx.zrecord, loaderx.converter, loaderx.dataset,
-                                    loaderx.dataloader])
+                                    loaderx.dataloader, loaderx.concat, loaderx.sharding])
 def test_module_doctests(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

@@ -67,6 +67,7 @@ import numpy as np
 
 from loaderx import _native
 from loaderx._recycle import BufferPool
+from loaderx.concat import ConcatDataset
 from loaderx.dataset import DenseDataset
 from loaderx.errors import LoaderClosedError
 from loaderx.sampler import Mode, Sampler, _u64
@@ -84,7 +85,8 @@ def _identity(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 class DataLoader:
     """Endless batches from one or more dense streams; see the module documentation.
 
-    ``streams`` maps names to :class:`~loaderx.dataset.DenseDataset` objects of equal length.
+    ``streams`` maps names to :class:`~loaderx.dataset.DenseDataset` objects (or dense
+    :class:`~loaderx.concat.ConcatDataset` views) of equal length.
     ``transform`` (the collate step) takes the batch dict and returns what ``next()`` yields;
     it runs on the prefetch threads. The loader is an iterator; use it as a context manager or
     call :meth:`close` to stop its threads (the datasets stay open).
@@ -107,7 +109,9 @@ class DataLoader:
         if not isinstance(streams, Mapping) or not streams:
             raise ValueError("streams must be a non-empty dict of {name: DenseDataset}")
         for name, ds in streams.items():
-            if not isinstance(ds, DenseDataset):
+            dense = isinstance(ds, DenseDataset) or (isinstance(ds, ConcatDataset)
+                                                     and ds.kind == "dense")
+            if not dense:
                 raise TypeError(
                     f"stream {name!r} is a {type(ds).__name__}; the DataLoader reads dense "
                     "streams only (pad ragged records into a dense store first)")

@@ -1,0 +1,182 @@
+"""One index space over several datasets of the same schema: for data past one store's 2^24
+records, or data written in parts.
+
+>>> import numpy as np, tempfile, os
+>>> from loaderx.converter import from_numpy
+>>> root = tempfile.mkdtemp()
+>>> for k in range(3):
+...     _ = from_numpy(os.path.join(root, f"part{k}"), np.full((4, 2), k, dtype=np.int16))
+>>> ds = ConcatDataset([os.path.join(root, f"part{k}") for k in range(3)])
+>>> len(ds), ds[[0, 5, 11]].tolist()
+(12, [[0, 0], [1, 1], [2, 2]])
+
+The view is read-only (write to the parts). Dense parts make a dense view, which the
+:class:`~loaderx.dataloader.DataLoader` accepts like a :class:`~loaderx.dataset.DenseDataset`;
+ragged parts make a ragged view whose items are lists of arrays. Record ``i`` of the view is
+record ``i - start(k)`` of the part ``k`` that holds it; the parts' lengths are read once, when
+the view is made (appending to a part later does not grow the view).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from loaderx.dataset import DenseDataset, RaggedDataset, _indices, _one_index, _schema
+from loaderx.errors import CorruptStoreError, DatasetError
+
+__all__ = ["ConcatDataset"]
+
+_U64 = np.dtype(np.uint64)
+
+
+def _open_part(part: Any, verify_reads: bool) -> DenseDataset | RaggedDataset:
+    if isinstance(part, (DenseDataset, RaggedDataset)):
+        return part
+    path = os.fspath(part)
+    kind = _schema.read(path).kind
+    cls = DenseDataset if kind == "dense" else RaggedDataset
+    return cls(path, verify_reads=verify_reads)
+
+
+class ConcatDataset:
+    """The records of ``parts`` (dataset paths, or open datasets) one after another.
+
+    All parts must have the same kind, dtype and item shape (``DatasetError`` otherwise).
+    ``verify_reads`` is passed to the parts opened from paths.
+    """
+
+    def __init__(self, parts: Sequence[Any], *, verify_reads: bool = False) -> None:
+        if isinstance(parts, (str, os.PathLike)) or not len(parts):
+            raise ValueError("ConcatDataset needs a non-empty list of dataset paths or datasets")
+        self._verify_reads = bool(verify_reads)
+        self._parts = [_open_part(p, self._verify_reads) for p in parts]
+        first = self._parts[0]
+        for p in self._parts[1:]:
+            if (type(p), p.dtype, p.item_shape) != (type(first), first.dtype, first.item_shape):
+                raise DatasetError(
+                    f"{p.path} holds {type(p).__name__} {p.dtype.str}{p.item_shape} records, "
+                    f"{first.path} holds {type(first).__name__} "
+                    f"{first.dtype.str}{first.item_shape}; a concatenation needs one schema")
+        self.kind = "dense" if isinstance(first, DenseDataset) else "ragged"
+        lengths = np.array([len(p) for p in self._parts], dtype=np.uint64)
+        self._starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint64)
+        self._len = int(self._starts[-1])
+        self.record_bytes = first.record_bytes if self.kind == "dense" else None
+
+    # -- what the datasets share ------------------------------------------------------------------
+
+    @property
+    def parts(self) -> list[DenseDataset | RaggedDataset]:
+        return list(self._parts)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._parts[0].dtype
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        return self._parts[0].item_shape
+
+    @property
+    def path(self) -> str:
+        return os.pathsep.join(p.path for p in self._parts)
+
+    @property
+    def closed(self) -> bool:
+        return any(p.closed for p in self._parts)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def close(self) -> None:
+        for p in self._parts:
+            p.close()
+
+    def __enter__(self) -> ConcatDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_reopen, ([p.path for p in self._parts], self._verify_reads))
+
+    def __repr__(self) -> str:
+        return (f"ConcatDataset({len(self._parts)} parts, records={self._len}, kind={self.kind}, "
+                f"dtype={self.dtype.str}, item_shape={self.item_shape})")
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _locate(self, idxs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each global index's part and index within it."""
+        part = np.searchsorted(self._starts, idxs, side="right") - 1
+        return part, idxs - self._starts[part]
+
+    def __getitem__(self, idx: Any) -> Any:
+        one = _one_index(idx, self._len)
+        if one is not None:
+            part, local = self._locate(np.array([one], dtype=np.uint64))
+            return self._parts[int(part[0])][int(local[0])]
+        flat = _indices(idx, self._len)
+        if self.kind == "ragged":
+            return self._ragged(flat.reshape(-1))
+        return self.gather(flat.reshape(-1)).reshape(flat.shape + self.item_shape)
+
+    def __getitems__(self, idxs: Sequence[int]) -> Any:
+        flat = _indices(idxs, self._len).reshape(-1)
+        return self._ragged(flat) if self.kind == "ragged" else self.gather(flat)
+
+    def gather(self, idxs: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """Dense views: records ``idxs`` as one ``(len(idxs), *item_shape)`` array (into ``out``
+        when given), each part's records read straight into their rows."""
+        if self.kind != "dense":
+            raise DatasetError("gather() is for dense views; index a ragged view instead")
+        if not (isinstance(idxs, np.ndarray) and idxs.dtype == _U64 and idxs.ndim == 1):
+            idxs = _indices(idxs, self._len).reshape(-1)
+        shape = (len(idxs), *self.item_shape)
+        if out is None:
+            out = np.empty(shape, dtype=self.dtype)
+        else:
+            self._parts[0]._check_out(out, shape)
+        if len(idxs):
+            self._gather_fixed(idxs, out.reshape(-1).view(np.uint8), self.record_bytes)
+        return out
+
+    def _gather_fixed(self, idxs: np.ndarray, dst: np.ndarray, row_bytes: int,
+                      shards: int | None = None) -> None:
+        """Fills ``dst`` (``len(idxs) * row_bytes`` bytes) as the loader's dense gather does."""
+        if int(idxs.max(initial=0)) >= self._len:
+            bad = int(idxs[idxs >= self._len][0])
+            raise IndexError(f"index {bad} is out of range for {self._len} records")
+        part, local = self._locate(idxs)
+        for k in np.unique(part):
+            rows = np.flatnonzero(part == k)
+            ds = self._parts[int(k)]
+            mine = local[rows]
+            if len(rows) == len(idxs):  # the whole batch from one part: its fixed-stride gather
+                ds._gather_fixed(mine, dst, row_bytes, shards)
+                return
+            lengths = ds.store.lengths(mine)
+            wrong = np.flatnonzero(lengths != row_bytes)
+            if len(wrong):
+                i = int(mine[wrong[0]])
+                raise CorruptStoreError(f"record {i} of {ds.path} holds {int(lengths[wrong[0]])} "
+                                        f"bytes where every record holds {row_bytes}")
+            ds.store.gather(mine, dst, rows.astype(np.uint64) * np.uint64(row_bytes))
+
+    def _ragged(self, idxs: np.ndarray) -> list[np.ndarray]:
+        part, local = self._locate(idxs)
+        out: list[Any] = [None] * len(idxs)
+        for k in np.unique(part):
+            rows = np.flatnonzero(part == k)
+            for r, rec in zip(rows, self._parts[int(k)][local[rows]]):
+                out[int(r)] = rec
+        return out
+
+
+def _reopen(paths: list[str], verify_reads: bool) -> ConcatDataset:
+    return ConcatDataset(paths, verify_reads=verify_reads)

@@ -1,0 +1,112 @@
+"""ConcatDataset: several stores of one schema as one index space, through the datasets' API
+and the DataLoader, checked against NumPy concatenation."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loaderx.concat import ConcatDataset
+from loaderx.converter import from_iterator, from_numpy
+from loaderx.dataloader import DataLoader
+from loaderx.dataset import DenseDataset
+from loaderx.errors import DatasetError
+from loaderx.sampler import Sampler
+
+SIZES = (7, 1, 30, 12)
+PARTS = [np.arange(n * 6, dtype=np.float32).reshape(n, 2, 3) + 1000 * k
+         for k, n in enumerate(SIZES)]
+ALL = np.concatenate(PARTS)
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("concat")
+    out = []
+    for k, part in enumerate(PARTS):
+        from_numpy(root / f"p{k}", part, codec="zstd" if k % 2 else "raw")
+        out.append(root / f"p{k}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def view(paths):
+    with ConcatDataset(paths) as ds:
+        yield ds
+
+
+def test_indexing_matches_numpy(view):
+    assert len(view) == len(ALL) and view.dtype == ALL.dtype and view.item_shape == (2, 3)
+    for idx in (0, 6, 7, 8, 37, 49, -1, -50, slice(None), slice(5, 40, 3), [49, 0, 7, 7, 8],
+                np.array([[1, 2], [40, 9]]), ALL[:, 0, 0] % 2 == 0):
+        np.testing.assert_array_equal(view[idx], ALL[idx])
+    with pytest.raises(IndexError):
+        view[len(ALL)]
+    out = np.empty((3, 2, 3), np.float32)
+    assert view.gather([48, 0, 20], out=out) is out
+    np.testing.assert_array_equal(out, ALL[[48, 0, 20]])
+    np.testing.assert_array_equal(view.__getitems__([3, 45]), ALL[[3, 45]])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, len(ALL) - 1), max_size=80))
+def test_any_batch_matches_numpy(view, idx):
+    np.testing.assert_array_equal(view.gather(np.array(idx, dtype=np.uint64)),
+                                  ALL[np.array(idx, dtype=np.int64)].reshape(-1, 2, 3))
+
+
+def test_loader_over_a_concatenation(view, paths):
+    labels = ConcatDataset([p for p in paths])
+    with DataLoader({"x": view, "same": labels}, batch_size=10, num_workers=3, seed=4,
+                    mode="iid") as loader:
+        sampler = Sampler(len(ALL), 10, "iid", 4)
+        for step in range(20):
+            batch = next(loader)
+            idx = sampler.batch(step).astype(np.int64)
+            np.testing.assert_array_equal(batch["x"], ALL[idx])
+            np.testing.assert_array_equal(batch["same"], ALL[idx])
+    labels.close()
+
+
+def test_pickles_by_paths_and_checks_schemas(paths, tmp_path):
+    ds = ConcatDataset(paths, verify_reads=True)
+    clone = pickle.loads(pickle.dumps(ds))
+    np.testing.assert_array_equal(clone[[0, 49]], ALL[[0, 49]])
+    assert all(p.store.verify_reads for p in clone.parts)
+    clone.close()
+    ds.close()
+    assert ds.closed
+    from_numpy(tmp_path / "other", np.zeros((3, 2, 3), np.float64))
+    with pytest.raises(DatasetError, match="one schema"):
+        ConcatDataset([paths[0], tmp_path / "other"])
+    with pytest.raises(ValueError, match="non-empty"):
+        ConcatDataset([])
+    with pytest.raises(ValueError):
+        ConcatDataset(str(paths[0]))
+
+
+def test_ragged_parts(tmp_path):
+    a = [np.arange(n, dtype=np.int64) for n in (3, 0, 2)]
+    b = [np.arange(n, dtype=np.int64) * -1 for n in (4, 1)]
+    from_iterator(tmp_path / "a", a)
+    from_iterator(tmp_path / "b", b)
+    with ConcatDataset([tmp_path / "a", tmp_path / "b"]) as ds:
+        assert ds.kind == "ragged" and len(ds) == 5
+        got = ds[[4, 0, 3]]
+        for g, w in zip(got, [b[1], a[0], b[0]]):
+            np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(ds[2], a[2])
+        with pytest.raises(DatasetError, match="dense"):
+            ds.gather([0])
+        with pytest.raises(TypeError, match="dense streams only"):
+            DataLoader({"r": ds}, batch_size=2)
+
+
+def test_open_datasets_can_be_parts(paths):
+    parts = [DenseDataset(p) for p in paths]
+    with ConcatDataset(parts) as ds:
+        np.testing.assert_array_equal(ds[:], ALL)
