@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every check that decides whether a change lands: formatting, lints, the Rust tests and the
-# Python tests (which include the compatibility test against loaderx==0.9.11 from PyPI).
+# Every check that decides whether a change lands: formatting, lints, the Rust tests, type
+# checks and the Python tests (which include the compatibility test against loaderx==0.9.11 from PyPI).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -8,5 +8,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -q -- -D warnings
 echo "== cargo test"
 cargo test --workspace --exclude loaderx-py -q
+echo "== mypy (the package) and stubtest (loaderx/_native.pyi against the compiled module)"
+"$VPY" -m mypy
+"$VPY" -m mypy.stubtest loaderx._native
 echo "== pytest"
 "$VPY" -m pytest -q tests

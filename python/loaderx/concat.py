@@ -62,10 +62,11 @@ class ConcatDataset:
                     f"{first.path} holds {type(first).__name__} "
                     f"{first.dtype.str}{first.item_shape}; a concatenation needs one schema")
         self.kind = "dense" if isinstance(first, DenseDataset) else "ragged"
+        self._dense = [p for p in self._parts if isinstance(p, DenseDataset)]
         lengths = np.array([len(p) for p in self._parts], dtype=np.uint64)
         self._starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint64)
         self._len = int(self._starts[-1])
-        self.record_bytes = first.record_bytes if self.kind == "dense" else None
+        self.record_bytes = first.record_bytes if isinstance(first, DenseDataset) else 0
 
     # -- what the datasets share ------------------------------------------------------------------
 
@@ -141,7 +142,7 @@ class ConcatDataset:
         if out is None:
             out = np.empty(shape, dtype=self.dtype)
         else:
-            self._parts[0]._check_out(out, shape)
+            self._dense[0]._check_out(out, shape)
         if len(idxs):
             self._gather_fixed(idxs, out.reshape(-1).view(np.uint8), self.record_bytes)
         return out
@@ -155,7 +156,7 @@ class ConcatDataset:
         part, local = self._locate(idxs)
         for k in np.unique(part):
             rows = np.flatnonzero(part == k)
-            ds = self._parts[int(k)]
+            ds = self._dense[int(k)]
             mine = local[rows]
             if len(rows) == len(idxs):  # the whole batch from one part: its fixed-stride gather
                 ds._gather_fixed(mine, dst, row_bytes, shards)

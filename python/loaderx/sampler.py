@@ -87,6 +87,10 @@ def _integer(value: Any, what: str) -> int:
         ) from None
 
 
+# The class attribute Sampler.Mode shadows the name inside the class body.
+_Mode = Mode
+
+
 def _mode(value: Any) -> Mode:
     if isinstance(value, Mode):
         return value
@@ -97,7 +101,7 @@ def _mode(value: Any) -> Mode:
         except ValueError:
             key = None
     try:
-        return Mode(key)
+        return Mode(key)  # type: ignore[arg-type]  # any value; Mode refuses what it is not
     except ValueError:
         pass
     raise ValueError(
@@ -130,7 +134,7 @@ class Sampler:
     of the batch ``next()`` returns next. Bad arguments raise ``ValueError``.
     """
 
-    Mode = Mode
+    Mode = _Mode
 
     __slots__ = ("_native", "_next_into", "_fill", "_length", "_batch_size", "_mode", "_seed")
 
@@ -194,7 +198,7 @@ class Sampler:
         return self._batch_size
 
     @property
-    def mode(self) -> Mode:
+    def mode(self) -> _Mode:
         return self._mode
 
     @property
@@ -248,7 +252,7 @@ class Sampler:
         return sampler
 
     @staticmethod
-    def _parse_state(state: Any) -> tuple[int, int, Mode, int, int]:
+    def _parse_state(state: Any) -> tuple[int, int, _Mode, int, int]:
         if not isinstance(state, dict):
             raise ValueError(f"state_dict must be a dict, got {type(state).__name__}")
         missing = [k for k in _STATE_KEYS if k not in state]
