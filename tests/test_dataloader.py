@@ -350,3 +350,21 @@ def test_the_specs_examples_run_as_written(tmp_path, monkeypatch):
                     transform=collate) as loader:
         b = next(loader)
         assert b["input_ids"].shape == (4, 2, 4) and b["label"].shape == (4,)
+
+
+def test_several_threads_may_consume_one_loader(streams):
+    """Each step goes to exactly one consumer; none waits forever on a step another took."""
+    import concurrent.futures
+
+    with DataLoader(streams, batch_size=8, num_workers=2, seed=6, mode="iid") as loader:
+        def consume(_: int) -> list[bytes]:
+            return [next(loader)["label"].tobytes() for _ in range(25)]
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(consume, i) for i in range(4)]
+            _, hung = concurrent.futures.wait(futures, timeout=20)
+            loader.close()  # releases any consumer still waiting
+            assert not hung, "a consumer waited forever for a step another consumer took"
+            got = [b for f in futures for b in f.result()]
+    want = [expected(s, 8, "iid", 6)["label"].tobytes() for s in range(100)]
+    assert sorted(got) == sorted(want)

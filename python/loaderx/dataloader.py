@@ -310,11 +310,13 @@ class _Pipeline:
                 raise LoaderClosedError("the DataLoader is closed")
             if not self.threads:
                 self._start()
-            step = self.next_step
-            while step not in self.ready:
+            # Several threads may consume one loader: each takes whichever step is next when
+            # it is ready, so the position is read again after every wait.
+            while self.next_step not in self.ready:
                 if self.closed:
                     raise LoaderClosedError("the DataLoader was closed while waiting")
                 self.cond.wait()
+            step = self.next_step
             item = self.ready.pop(step)
             self.next_step = step + 1
             self.cond.notify_all()
