@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Seeded mutation fuzzing of a loaderx dataset: ``python scripts/fuzz_store.py --cases N --seed S``.
 
-Builds a small ragged dataset (zstd_dict, raw and zstd records, so it has ``dict.zr`` and
-``schema.msgpack``), then for each case flips, overwrites, truncates or extends bytes where they
+Builds a small ragged dataset (zstd_dict, raw and zstd records, with checksums, so it has
+``dict.zr``, ``sums.zr`` and ``schema.msgpack``), then for each case flips, overwrites, truncates or extends bytes where they
 matter -- the header, the live table entries, the live chunk bytes, ``dict.zr``,
-``schema.msgpack`` -- opens the dataset and reads every record, and restores the files. Each
+``schema.msgpack``, ``sums.zr`` -- opens the dataset and reads every record (half the cases with
+checksum-checked reads, a quarter also run ``verify()``), and restores the files. Each
 outcome must be data or a clear exception (a ``ZrecordError`` subclass or an ``OSError``); any
 other exception is reported with its case, and a crash or a hang (caught by faulthandler after
 ``--hang-seconds``) ends the process with a non-zero status. Prints a JSON summary.
@@ -37,7 +38,8 @@ def build(path: str) -> int:
     base = rng.integers(0, 255, size=400, dtype=np.uint8)
     similar = [np.roll(base, int(k))[: int(n)] for k, n in zip(rng.integers(0, 50, 300),
                                                                 rng.integers(1, 400, 300))]
-    from_iterator(path, similar, codec="zstd_dict", dict_size=4096, progress=False)
+    from_iterator(path, similar, codec="zstd_dict", dict_size=4096, progress=False,
+                  checksums=True)
     from_iterator(path, [rng.integers(0, 255, int(n), dtype=np.uint8) for n in (0, 5, 900)],
                   codec="raw", progress=False)
     from_iterator(path, [np.full(int(n), 7, np.uint8) for n in (1, 3000, 17)], codec="zstd",
@@ -57,7 +59,8 @@ class Files:
             full = os.path.join(path, name)
             size = os.path.getsize(full)
             with open(full, "rb") as f:
-                keep = f.read(self.table_end if name == "meta.zr" else size)
+                sparse = name in ("meta.zr", "sums.zr")  # 256 MiB, mostly holes
+                keep = f.read(self.table_end if sparse else size)
             self.saved[name] = (keep, size)
 
     def restore(self, name: str) -> None:
@@ -69,7 +72,7 @@ class Files:
 
     def region(self, name: str) -> tuple[int, int]:
         """The byte range of ``name`` worth mutating."""
-        if name == "meta.zr":
+        if name in ("meta.zr", "sums.zr"):
             return 0, self.table_end
         return 0, self.saved[name][1]
 
@@ -104,12 +107,15 @@ def mutate(files: Files, rng: random.Random) -> str:
     return f"extend {name} by {extra}"
 
 
-def read_everything(path: str) -> int:
-    with RaggedDataset(path) as rs:
+def read_everything(path: str, checked: bool, verify: bool) -> int:
+    with RaggedDataset(path, verify_reads=checked) as rs:
         n = len(rs)
         total = 0
         for start in range(0, n, 97):
             total += sum(r.nbytes for r in rs[start:start + 97])
+        if verify:
+            report = rs.store.verify()
+            assert report["records"] == n and isinstance(report["failures"], list)
         return total
 
 
@@ -132,7 +138,7 @@ def main() -> None:
             faulthandler.dump_traceback_later(args.hang_seconds, exit=True)
             what = mutate(files, rng)
             try:
-                read_everything(path)
+                read_everything(path, checked=rng.random() < 0.5, verify=rng.random() < 0.25)
                 outcomes["data"] += 1
             except (ZrecordError, OSError) as e:
                 outcomes["error"] += 1
