@@ -71,21 +71,47 @@ def test_torch_batches_share_memory_with_the_loader(dense_path):
     assert t["a"].dtype == torch.float64 and t["b"][0].dtype == torch.int32
 
 
+_JAX_SCRIPT = """
+import sys
+import numpy as np
+import jax
+from loaderx.dataloader import DataLoader
+from loaderx.dataset import DenseDataset
+from loaderx.frameworks import prefetch_to_device
+
+path, n = sys.argv[1], int(sys.argv[2])
+data = np.arange(n * 8, dtype=np.float32).reshape(n, 8) * 0.25
+with DataLoader({"x": DenseDataset(path)}, batch_size=10, seed=2) as loader:
+    want = [data[loader.batch_indices(s).astype(np.int64)] for s in range(6)]
+    it = prefetch_to_device(loader, size=3)
+    got = [next(it) for _ in range(6)]
+for g, w in zip(got, want):
+    assert isinstance(g["x"], jax.Array)
+    np.testing.assert_array_equal(np.asarray(g["x"]), w)
+sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+out = list(prefetch_to_device(iter([{"a": np.arange(4)}, {"a": np.arange(4) + 1}]),
+                              size=5, sharding=sharding))
+assert [np.asarray(o["a"]).tolist() for o in out] == [[0, 1, 2, 3], [1, 2, 3, 4]]
+try:
+    next(prefetch_to_device(iter([]), size=0))
+except ValueError as e:
+    assert "size" in str(e)
+else:
+    raise AssertionError("size=0 accepted")
+print("ok")
+"""
+
+
 def test_jax_prefetch_to_device(dense_path):
-    jax = pytest.importorskip("jax")
-    with DataLoader({"x": DenseDataset(dense_path)}, batch_size=10, seed=2) as loader:
-        want = [DATA[loader.batch_indices(s).astype(np.int64)] for s in range(6)]
-        it = prefetch_to_device(loader, size=3)
-        got = [next(it) for _ in range(6)]
-    for g, w in zip(got, want):
-        assert isinstance(g["x"], jax.Array)
-        np.testing.assert_array_equal(np.asarray(g["x"]), w)
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    out = list(prefetch_to_device(iter([{"a": np.arange(4)}, {"a": np.arange(4) + 1}]),
-                                  size=5, sharding=sharding))
-    assert [np.asarray(o["a"]).tolist() for o in out] == [[0, 1, 2, 3], [1, 2, 3, 4]]
-    with pytest.raises(ValueError, match="size"):
-        next(prefetch_to_device(iter([]), size=0))
+    """Runs in a subprocess: JAX starts threads at import, and other tests fork."""
+    import subprocess
+    import sys
+
+    if subprocess.run([sys.executable, "-c", "import jax"], capture_output=True).returncode:
+        pytest.skip("JAX is not installed")
+    p = subprocess.run([sys.executable, "-c", _JAX_SCRIPT, str(dense_path), str(N)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
 
 
 def test_helpers_name_the_missing_framework(monkeypatch):

@@ -291,6 +291,7 @@ fn disk_full_at_every_change_is_a_clear_error() {
         n += 1;
     }
     assert!(n > 20, "the workload made only {n} changes");
+    eprintln!("disk-full points checked (appends): {}", n - 1);
 }
 
 #[test]
@@ -326,4 +327,5 @@ fn disk_full_during_compaction_keeps_every_record() {
         n += 1;
     }
     assert!(n > 20, "compaction made only {n} changes");
+    eprintln!("disk-full points checked (compaction): {}", n - 1);
 }
