@@ -66,6 +66,14 @@ def test_convert_info_verify_compact(tmp_path, npy):
     assert run("verify", str(out)).returncode == 0
 
 
+def test_convert_shows_progress_when_asked(tmp_path, npy):
+    p = run("convert", str(npy), str(tmp_path / "ds"), "--progress", "on")
+    assert p.returncode == 0, p.stderr
+    assert "300/300" in p.stderr and "rec" in p.stderr, p.stderr  # tqdm's bar or our own
+    quiet = run("convert", str(npy), str(tmp_path / "ds2"), "--progress", "off")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
 def test_verify_reports_each_damaged_record_and_fails(tmp_path, npy):
     out = tmp_path / "ds"
     assert run("convert", str(npy), str(out), "--codec", "raw", "--checksums").returncode == 0

@@ -187,7 +187,7 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("--checksums", action="store_true", help="keep a checksum per record")
     conv.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     conv.add_argument("--progress", choices=["auto", "on", "off"], default="auto",
-                      help="progress bar (needs tqdm; auto: when stderr is a terminal)")
+                      help="progress bar on stderr (tqdm's when installed; auto: when a terminal)")
     conv.set_defaults(run=cmd_convert)
 
     ver = sub.add_parser("verify", help="decode every record and check checksums")

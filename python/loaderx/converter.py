@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -69,7 +70,8 @@ def from_numpy(
     ``schema.msgpack``; reserved keys (``kind``, ``dtype``, ``item_shape``, ...) must agree with
     the data. If ``path`` already holds a dense dataset of the same dtype and item shape, the
     records are appended to it (the codec may differ); ``overwrite=True`` replaces it instead.
-    ``progress`` shows a tqdm bar (default: when tqdm is installed and stderr is a terminal).
+    ``progress`` shows a progress bar on stderr (tqdm's when installed, else a one-line display;
+    default: when stderr is a terminal).
     ``checksums=True`` makes the store keep a checksum of every record (see
     :meth:`loaderx.zrecord.Zrecord.enable_checksums`); once on, it stays on for later appends.
     """
@@ -402,11 +404,42 @@ class _NoBar:
         pass
 
 
+class _TextBar:
+    """A one-line progress display on stderr for when tqdm is not installed, redrawn at most
+    ten times a second."""
+
+    def __init__(self, total: int | None, desc: str) -> None:
+        self.total, self.desc, self.n = total, desc, 0
+        self.start = self.shown = time.monotonic()
+
+    def update(self, n: int) -> None:
+        self.n += n
+        now = time.monotonic()
+        if now - self.shown >= 0.1:
+            self.shown = now
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        rate = self.n / max(now - self.start, 1e-9)
+        done = f"{self.n}/{self.total}" if self.total else f"{self.n}"
+        pct = f" {100 * self.n / self.total:5.1f}%" if self.total else ""
+        sys.stderr.write(f"\r{self.desc}: {done} records{pct}, {rate:,.0f} rec/s")
+        sys.stderr.flush()
+
+    def __enter__(self) -> _TextBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._draw(time.monotonic())
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
 def _progress(progress: bool | None, total: int | None, desc: str) -> Any:
     if progress is False or (progress is None and not sys.stderr.isatty()):
         return _NoBar()
     try:
         from tqdm.auto import tqdm
     except ImportError:
-        return _NoBar()
+        return _TextBar(total, desc)
     return tqdm(total=total, desc=desc, unit="rec")
