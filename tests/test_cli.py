@@ -151,3 +151,12 @@ def test_bench_runs_the_harness_of_the_checkout(monkeypatch, capsys):
     (cmd,) = calls
     assert cmd[0] == sys.executable and cmd[1].endswith(os.path.join("scripts", "bench.py"))
     assert os.path.isfile(cmd[1]) and cmd[2:] == ["store", "--repeats", "3"]
+
+
+def test_compact_needs_the_writer_lock(tmp_path, npy):
+    out = tmp_path / "ds"
+    assert run("convert", str(npy), str(out)).returncode == 0
+    with Zrecord(out) as z:
+        z.delete([0])  # this process now holds the store's writer lock
+        assert_clean_error(run("compact", str(out)), 2, "StoreBusyError", "writer lock")
+    assert run("compact", str(out)).returncode == 0
