@@ -219,6 +219,14 @@ class GrainSource:
 def grain_run(root: pathlib.Path, batches: int):
     import grain.python as gp
 
+    try:  # grain reads absl flags, which a program that is not an absl app never parses
+        from absl import flags
+
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+    except ImportError:
+        pass
+
     sampler = gp.IndexSampler(N, shard_options=gp.NoSharding(), shuffle=True, num_epochs=None,
                               seed=0)
     loader = gp.DataLoader(data_source=GrainSource(str(root)), sampler=sampler,
