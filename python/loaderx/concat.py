@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from loaderx._recycle import aligned_empty
 from loaderx.dataset import DenseDataset, RaggedDataset, _indices, _one_index, _schema
 from loaderx.errors import CorruptStoreError, DatasetError
 
@@ -140,7 +141,7 @@ class ConcatDataset:
             idxs = _indices(idxs, self._len).reshape(-1)
         shape = (len(idxs), *self.item_shape)
         if out is None:
-            out = np.empty(shape, dtype=self.dtype)
+            out = aligned_empty(len(idxs) * self.record_bytes).view(self.dtype).reshape(shape)
         else:
             self._dense[0]._check_out(out, shape)
         if len(idxs):

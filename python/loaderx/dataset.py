@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from loaderx import _schema
+from loaderx._recycle import aligned_empty
 from loaderx.errors import CorruptStoreError, DatasetError, ZrecordValueError
 from loaderx.zrecord import Zrecord
 
@@ -209,7 +210,7 @@ class DenseDataset(_StoreView):
             idxs = _indices(idxs, len(self)).reshape(-1)
         shape = (len(idxs), *self.item_shape)
         if out is None:
-            out = np.empty(shape, dtype=self.dtype)
+            out = aligned_empty(len(idxs) * self._row_bytes).view(self.dtype).reshape(shape)
         else:
             self._check_out(out, shape)
         if len(idxs):
