@@ -165,7 +165,7 @@ impl<'d> Decoder<'d> {
 #[inline]
 pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
     debug_assert_eq!(dst.len(), src.len());
-    let aligned_alike = (src.as_ptr() as usize ^ dst.as_ptr() as usize) % 64 == 0;
+    let aligned_alike = (src.as_ptr() as usize ^ dst.as_ptr() as usize).is_multiple_of(64);
     if src.len() < 4096 || aligned_alike {
         dst.copy_from_slice(src);
         return;
