@@ -8,6 +8,11 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 VPY="$ROOT/.venv/bin/python"
+# Always this checkout's environment, even when the caller has another one activated (maturin
+# installs into $VIRTUAL_ENV).
+export VIRTUAL_ENV="$ROOT/.venv"
+export PATH="$ROOT/.venv/bin:$PATH"
+unset CONDA_PREFIX PYTHONHOME
 stamp=".venv/.deps-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$VPY" -m pip install -q --disable-pip-version-check "maturin>=1.7,<2" "numpy>=1.24" "msgpack>=1.0" \
