@@ -37,7 +37,7 @@ impl Chunk {
             ));
         }
         if end > self.size.load(Ordering::Acquire) {
-            let now = self.file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
+            let now = self.file_size()?;
             self.size.fetch_max(now.min(self.capacity), Ordering::AcqRel);
             if end > now {
                 return Err(Error::corrupt(

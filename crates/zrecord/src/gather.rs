@@ -85,10 +85,20 @@ impl Store {
     fn read_slots(&self, slots: &mut [Slot<'_>], max_shards: usize) -> Result<()> {
         let total: usize = slots.iter().map(|s| s.dst.len()).sum();
         let dict = self.dictionary();
+        // Checked reads are decided once per call, not per record.
+        let sums = self.sums.get().filter(|_| self.verify_reads());
         run_sharded_at_most(slots, total, max_shards, |block: &mut [Slot<'_>]| -> Result<()> {
             let mut decoder = Decoder::new(dict);
             for s in block.iter_mut() {
                 self.read_record(s.index, &s.loc, s.dst, &mut decoder)?;
+                if let Some(sums) = sums {
+                    if sums.check(s.index, &s.loc, s.dst) == Verdict::Bad {
+                        return Err(checksum_mismatch(
+                            self.chunks.path(u64::from(s.loc.chunk_id)),
+                            s.index,
+                        ));
+                    }
+                }
             }
             Ok(())
         })
@@ -146,22 +156,16 @@ impl Store {
                 other => other,
             })?;
         match dec.decode(codec, stored, dst) {
-            Ok(true) => {}
-            Ok(false) => return Err(Error::MissingDictionary { path: self.dir.clone() }),
-            Err(e) => return Err(Error::corrupt(chunk_path(), format!("record {index}: {e}"))),
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::MissingDictionary { path: self.dir.clone() }),
+            Err(e) => Err(Error::corrupt(chunk_path(), format!("record {index}: {e}"))),
         }
-        if self.verify_reads() {
-            if let Some(sums) = self.sums.get() {
-                if sums.check(index, loc, dst) == Verdict::Bad {
-                    return Err(Error::corrupt(
-                        chunk_path(),
-                        format!("record {index} does not match its checksum: its bytes changed"),
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
+}
+
+/// The error of a record whose bytes no longer match its checksum.
+pub(crate) fn checksum_mismatch(chunk: std::path::PathBuf, index: u64) -> Error {
+    Error::corrupt(chunk, format!("record {index} does not match its checksum: its bytes changed"))
 }
 
 /// Cuts `dst` into one disjoint mutable slice per record, refusing ranges that overflow `dst` or

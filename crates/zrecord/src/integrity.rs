@@ -5,8 +5,9 @@
 use std::sync::Mutex;
 
 use crate::codec::Decoder;
-use crate::error::{Error, Result};
-use crate::format::MAX_RECORD_BYTES;
+use crate::error::Result;
+use crate::format::{RecordLoc, MAX_RECORD_BYTES};
+use crate::gather::checksum_mismatch;
 use crate::pool::run_sharded;
 use crate::store::Store;
 use crate::sums::{binding, record_sum, SumEntry, Sums, Verdict};
@@ -28,6 +29,14 @@ pub struct VerifyReport {
 }
 
 impl Store {
+    /// Decodes record `index` into `buf` (resized to it) and returns its table entry.
+    fn decode_into(&self, index: u64, buf: &mut Vec<u8>, dec: &mut Decoder) -> Result<RecordLoc> {
+        let loc = self.meta.entry(index);
+        buf.resize((loc.logic_length as u64).min(MAX_RECORD_BYTES) as usize, 0);
+        self.read_record(index, &loc, buf, dec)?;
+        Ok(loc)
+    }
+
     /// Starts keeping record checksums: creates `sums.zr` and sums every record already in the
     /// store (decoding each one). Returns how many were summed; 0 if checksums were already on.
     /// A record that cannot be decoded fails the call, naming it. Needs exclusive access.
@@ -48,9 +57,7 @@ impl Store {
             let mut buf = Vec::new();
             let mut entries = Vec::with_capacity((end - start) as usize);
             for index in start..end {
-                let loc = self.meta.entry(index);
-                buf.resize((loc.logic_length as u64).min(MAX_RECORD_BYTES) as usize, 0);
-                self.read_record(index, &loc, &mut buf, &mut decoder)?;
+                let loc = self.decode_into(index, &mut buf, &mut decoder)?;
                 entries.push(SumEntry { sum: record_sum(&buf), binding: binding(&loc) });
             }
             sums.write(&self.disk, start, &entries)?;
@@ -79,22 +86,14 @@ impl Store {
             let (mut checked, mut unchecked, mut failures) = (0, 0, Vec::new());
             for &(start, end) in mine.iter() {
                 for index in start..end {
-                    let loc = self.meta.entry(index);
-                    buf.resize((loc.logic_length as u64).min(MAX_RECORD_BYTES) as usize, 0);
-                    match self.read_record(index, &loc, &mut buf, &mut decoder) {
-                        Err(e @ (Error::Closed | Error::Busy(_))) => return Err(e),
+                    match self.decode_into(index, &mut buf, &mut decoder) {
                         Err(e) => failures.push((index, e.to_string())),
-                        Ok(()) => match sums.map(|s| s.check(index, &loc, &buf)) {
+                        Ok(loc) => match sums.map(|s| s.check(index, &loc, &buf)) {
                             Some(Verdict::Good) => checked += 1,
                             Some(Verdict::Bad) => {
                                 checked += 1;
-                                failures.push((
-                                    index,
-                                    format!(
-                                        "record {index} does not match its checksum: its bytes \
-                                         changed"
-                                    ),
-                                ));
+                                let chunk = self.chunks.path(u64::from(loc.chunk_id));
+                                failures.push((index, checksum_mismatch(chunk, index).to_string()));
                             }
                             Some(Verdict::Unchecked) | None => unchecked += 1,
                         },

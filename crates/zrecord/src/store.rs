@@ -12,7 +12,6 @@
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -122,8 +121,9 @@ impl Store {
             Err(e) => return Err(Error::io(&dir, e)),
         }
         let meta_path = dir.join(META_FILE);
+        let disk = Arc::new(Disk::default());
         if !meta_path.exists() {
-            create_meta(&dir, &meta_path)?;
+            create_meta(&disk, &dir, &meta_path)?;
         }
         let (meta_file, read_only_errno) = open_meta(&meta_path)?;
         let writable = read_only_errno.is_none();
@@ -137,7 +137,6 @@ impl Store {
         let meta = MetaMap::new(&meta_file, writable).map_err(|e| Error::io(&meta_path, e))?;
         let header = meta.header();
         check_header(&header, &meta_path, options.chunk_capacity)?;
-        let disk = Arc::new(Disk::default());
         // Failpoints is a unit struct without the `testing` feature.
         #[allow(clippy::default_constructed_unit_structs)]
         let store = Store {
@@ -401,7 +400,7 @@ impl Store {
         let dict = Dictionary::new(raw.clone())
             .ok_or_else(|| Error::invalid("zstd rejected the dictionary it trained"))?;
         let path = self.dir.join(DICT_FILE);
-        write_durably(&self.disk, &self.dir, &path, &raw)?;
+        write_durably(&self.disk, &self.dir, &path, &raw, raw.len() as u64)?;
         let _ = self.dict.set(Arc::new(dict));
         Ok(size)
     }
@@ -461,13 +460,13 @@ fn open_meta(path: &Path) -> Result<(File, Option<i32>)> {
 
 /// Creates `meta.zr` atomically: a sparse file with an empty header is built under a temporary
 /// name and linked into place, so a concurrent creator or a crash never leaves a half-made one.
-fn create_meta(dir: &Path, meta_path: &Path) -> Result<()> {
+fn create_meta(disk: &Disk, dir: &Path, meta_path: &Path) -> Result<()> {
     let tmp = dir.join(format!(".meta.zr.{}.tmp", std::process::id()));
     let build = || -> std::io::Result<()> {
-        let f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp)?;
-        f.set_len(META_BYTES)?;
-        f.write_all_at(bytemuck::bytes_of(&Header::empty()), 0)?;
-        f.sync_all()
+        let f = disk.create_truncated(&tmp)?;
+        disk.set_len(&f, &tmp, META_BYTES)?;
+        disk.write_at(&f, &tmp, 0, bytemuck::bytes_of(&Header::empty()))?;
+        disk.sync_file(&f, &tmp)
     };
     let result = build().and_then(|()| match std::fs::hard_link(&tmp, meta_path) {
         Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()), // another creator won
@@ -475,15 +474,24 @@ fn create_meta(dir: &Path, meta_path: &Path) -> Result<()> {
     });
     let _ = std::fs::remove_file(&tmp);
     result.map_err(|e| Error::io(meta_path, e))?;
-    sync_dir(dir)
+    disk.sync_dir(dir).map_err(|e| Error::io(dir, e))
 }
 
-/// Writes `data` to `path` through a temporary file, syncs it, renames it into place and syncs
-/// the directory.
-pub(crate) fn write_durably(disk: &Disk, dir: &Path, path: &Path, data: &[u8]) -> Result<()> {
+/// Writes `data` at the start of a `len`-byte file (sparse past `data`) under a temporary name,
+/// syncs it, renames it to `path` and syncs the directory.
+pub(crate) fn write_durably(
+    disk: &Disk,
+    dir: &Path,
+    path: &Path,
+    data: &[u8],
+    len: u64,
+) -> Result<()> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     let write = || -> std::io::Result<()> {
         let f = disk.create_truncated(&tmp)?;
+        if len > data.len() as u64 {
+            disk.set_len(&f, &tmp, len)?;
+        }
         disk.write_at(&f, &tmp, 0, data)?;
         disk.sync_file(&f, &tmp)?;
         disk.rename(&tmp, path)
@@ -493,8 +501,4 @@ pub(crate) fn write_durably(disk: &Disk, dir: &Path, path: &Path, data: &[u8]) -
         return Err(Error::io(path, e));
     }
     disk.sync_dir(dir).map_err(|e| Error::io(dir, e))
-}
-
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))
 }

@@ -18,6 +18,7 @@ use crate::disk::Disk;
 use crate::error::{Error, Result};
 use crate::format::{RecordLoc, MAX_RECORDS};
 use crate::mapped::SumsMap;
+use crate::store::write_durably;
 
 /// Name of the checksum file.
 pub const SUMS_FILE: &str = "sums.zr";
@@ -118,25 +119,13 @@ impl Sums {
     /// Creates an empty `sums.zr` in `dir` (built aside, synced and renamed into place).
     pub fn create(dir: &Path, disk: &Disk) -> Result<Sums> {
         let path = dir.join(SUMS_FILE);
-        let tmp = dir.join(format!(".{SUMS_FILE}.{}.tmp", std::process::id()));
         let header = SumsHeader {
             magic: SUMS_MAGIC,
             version: SUMS_VERSION,
             algorithm: ALGORITHM_XXH3_64,
             reserved: 0,
         };
-        let build = || -> std::io::Result<()> {
-            let f = disk.create_truncated(&tmp)?;
-            disk.set_len(&f, &tmp, SUMS_BYTES)?;
-            disk.write_at(&f, &tmp, 0, bytemuck::bytes_of(&header))?;
-            disk.sync_file(&f, &tmp)?;
-            disk.rename(&tmp, &path)?;
-            disk.sync_dir(dir)
-        };
-        if let Err(e) = build() {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(Error::io(&path, e));
-        }
+        write_durably(disk, dir, &path, bytemuck::bytes_of(&header), SUMS_BYTES)?;
         Sums::open(dir, true)?.ok_or_else(|| Error::corrupt(&path, "vanished after creation"))
     }
 
