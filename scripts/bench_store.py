@@ -97,35 +97,29 @@ def zrecord(codec: str):
     return build
 
 
-def ceiling(data: np.ndarray, root: pathlib.Path):
+def _copy_gather(flat: np.ndarray, size: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Gathers by copying records out of ``flat`` on loaderx's pool with its copy routine."""
     from loaderx import _native
-
-    n, size = data.shape
-    flat = data.reshape(-1)
 
     def gather(idx: np.ndarray) -> np.ndarray:
         out = np.empty((len(idx), size), dtype=np.uint8)
         _native.copy_records(flat, size, idx.astype(np.uint64), out.reshape(-1))
         return out
 
-    return None, gather, None
+    return gather
+
+
+def ceiling(data: np.ndarray, root: pathlib.Path):
+    return None, _copy_gather(data.reshape(-1), data.shape[1]), None
 
 
 def ceiling_page_cache(data: np.ndarray, root: pathlib.Path):
-    from loaderx import _native
-
     n, size = data.shape
     path = root / "ceiling.bin"
     data.tofile(path)
     flat = np.memmap(path, dtype=np.uint8, mode="r", shape=(n * size,))
     flat[:].sum(dtype=np.uint64)  # map every page once, as a warmed-up store has
-
-    def gather(idx: np.ndarray) -> np.ndarray:
-        out = np.empty((len(idx), size), dtype=np.uint8)
-        _native.copy_records(flat, size, idx.astype(np.uint64), out.reshape(-1))
-        return out
-
-    return None, gather, None
+    return None, _copy_gather(flat, size), None
 
 
 def npy_mmap(data: np.ndarray, root: pathlib.Path):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -63,7 +63,6 @@ class ConcatDataset:
                     f"{first.path} holds {type(first).__name__} "
                     f"{first.dtype.str}{first.item_shape}; a concatenation needs one schema")
         self.kind = "dense" if isinstance(first, DenseDataset) else "ragged"
-        self._dense = [p for p in self._parts if isinstance(p, DenseDataset)]
         lengths = np.array([len(p) for p in self._parts], dtype=np.uint64)
         self._starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint64)
         self._len = int(self._starts[-1])
@@ -143,7 +142,7 @@ class ConcatDataset:
         if out is None:
             out = aligned_empty(len(idxs) * self.record_bytes).view(self.dtype).reshape(shape)
         else:
-            self._dense[0]._check_out(out, shape)
+            cast(DenseDataset, self._parts[0])._check_out(out, shape)
         if len(idxs):
             self._gather_fixed(idxs, out.reshape(-1).view(np.uint8), self.record_bytes)
         return out
@@ -157,7 +156,7 @@ class ConcatDataset:
         part, local = self._locate(idxs)
         for k in np.unique(part):
             rows = np.flatnonzero(part == k)
-            ds = self._dense[int(k)]
+            ds = cast(DenseDataset, self._parts[int(k)])  # a dense view: every part is
             mine = local[rows]
             if len(rows) == len(idxs):  # the whole batch from one part: its fixed-stride gather
                 ds._gather_fixed(mine, dst, row_bytes, shards)

@@ -81,7 +81,6 @@ fn every_cut(
 /// A seeded workload of appends (codecs mixed, sizes 0..900 so chunks roll over, syncs now and
 /// then), recorded in the journal of a store that already holds `initial` synced records.
 struct Workload {
-    _dir: tempfile::TempDir,
     world: World,
     journal: Vec<Change>,
     marks: Marks,
@@ -135,7 +134,7 @@ fn append_workload(seed: u64, with_dict: bool, with_sums: bool) -> Workload {
     store.close().unwrap();
     marks.syncs.push((hooks.journal_len(), expected.len() as u64));
     let journal = hooks.take_journal();
-    Workload { _dir: dir, world, journal, marks, expected, initial }
+    Workload { world, journal, marks, expected, initial }
 }
 
 fn check_prefix(dir: &Path, expected: &[Vec<u8>], (lo, hi): (u64, u64), what: &str) {
@@ -164,7 +163,7 @@ fn check_prefix(dir: &Path, expected: &[Vec<u8>], (lo, hi): (u64, u64), what: &s
 fn every_cut_of_appends_leaves_a_prefix() {
     let mut total = 0;
     for (seed, with_dict, with_sums) in [(1u64, false, false), (2, true, false), (3, false, true)] {
-        let Workload { mut world, journal, marks, expected, initial, .. } =
+        let Workload { mut world, journal, marks, expected, initial } =
             append_workload(seed, with_dict, with_sums);
         assert!(journal.iter().any(|c| matches!(c, Change::Create { .. })), "no chunk rolled over");
         total += every_cut(&mut world, &journal, seed, |cut, fate, out| {
