@@ -201,7 +201,7 @@ def compact_kill_loop(path: str, kills: int, seed: int) -> dict[str, int]:
     stats = {"kills": 0, "in_native": 0}
     shared = Shared()
     # How long one compaction takes here, to spread the kills over it.
-    expected = fragmented_store(path, seed)
+    fragmented_store(path, seed)
     with Zrecord(path) as z:
         t0 = time.perf_counter()
         z.compact()
