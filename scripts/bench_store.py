@@ -12,7 +12,12 @@ records at the same indices out of an in-memory buffer on loaderx's own thread p
 cost of the memory traffic alone. The page-cache ceiling runs the very same copy with the source
 being a memory map of a plain file holding the data, already in the page cache: what any reader
 of a file-backed store can reach on this machine (every store here reads through the page
-cache).
+cache). Both ceilings hold their records page-aligned, as a zrecord chunk does, so each record
+is copied with the same alignment as zrecord's copy of it (this machine's `memcpy` speed
+depends on it).
+
+MiB/s columns are medians over repeats; the ratio columns compare two rows repeat by repeat
+and give the median of those paired ratios (see :func:`paired_ratio`).
 """
 
 from __future__ import annotations
@@ -110,7 +115,13 @@ def _copy_gather(flat: np.ndarray, size: int) -> Callable[[np.ndarray], np.ndarr
 
 
 def ceiling(data: np.ndarray, root: pathlib.Path):
-    return None, _copy_gather(data.reshape(-1), data.shape[1]), None
+    # Page-aligned, as records are in a chunk file and in the page-cache ceiling's map, so that
+    # every row copies each record with the same alignment against the same destination.
+    raw = np.empty(data.nbytes + 4096, dtype=np.uint8)
+    skip = -raw.ctypes.data % 4096
+    flat = raw[skip : skip + data.nbytes]
+    flat[:] = data.reshape(-1)
+    return None, _copy_gather(flat, data.shape[1]), None
 
 
 def ceiling_page_cache(data: np.ndarray, root: pathlib.Path):
@@ -225,7 +236,8 @@ SLOW = {"hdf5", "hdf5-gzip", "blosc2", "tensorstore", "arrayrecord", "arrayrecor
 
 def run(repeats: int = 5, workloads=WORKLOADS, only: set[str] | None = None) -> list[dict]:
     """Builds every store, then measures them round-robin, so that a noisy moment on the shared
-    machine hits all contenders alike rather than one of them."""
+    machine hits all contenders alike rather than one of them; ratios between rows are paired
+    by repeat (:func:`paired_ratio`)."""
     results = []
     for n, size in workloads:
         data = make_data(n, size)
@@ -247,10 +259,13 @@ def run(repeats: int = 5, workloads=WORKLOADS, only: set[str] | None = None) -> 
             time.sleep(2)
             times: dict[str, tuple[list[float], list[float]]] = {b[0]: ([], []) for b in built}
             for r in range(repeats):
-                for name, _write, gather, _path in built:
-                    batches = 10 if name in SLOW else max(20, (256 << 20) // (BATCH * size))
-                    times[name][0].append(timed(gather, draws(n, batches, seed=r), data) / batches)
-                    times[name][1].append(timed(gather, windows(n, batches), data) / batches)
+                # Each repeat runs every contender's random gathers back to back, then their
+                # sequential ones, starting from a different contender each time.
+                order = built[r % len(built):] + built[: r % len(built)]
+                for kind, pick in enumerate((lambda k: draws(n, k, seed=r), lambda k: windows(n, k))):
+                    for name, _write, gather, _path in order:
+                        batches = 10 if name in SLOW else max(20, (256 << 20) // (BATCH * size))
+                        times[name][kind].append(timed(gather, pick(batches), data) / batches)
             for name, write, gather, path in built:
                 rnd_s, seq_s = (statistics.median(t) for t in times[name])
                 disk = disk_bytes(path) if path is not None else None
@@ -260,10 +275,20 @@ def run(repeats: int = 5, workloads=WORKLOADS, only: set[str] | None = None) -> 
                     "rnd": batch_mib / rnd_s, "seq": batch_mib / seq_s, "ms": rnd_s * 1e3,
                     "disk": disk, "ratio": logical / disk if disk else None,
                     "compressed": getattr(gather, "compressed", None),
+                    "rnd_times": times[name][0],
                 })
         finally:
             shutil.rmtree(root, ignore_errors=True)
     return results
+
+
+def paired_ratio(row: dict, base: dict | None) -> float:
+    """How fast ``row`` gathers at random relative to ``base``: the median over repeats of the
+    two rows' speed ratio within each repeat. The rows of one repeat run back to back, so a
+    slow moment of the shared machine that spans both cancels out of their ratio."""
+    if base is None:
+        return 0.0
+    return statistics.median(b / r for b, r in zip(base["rnd_times"], row["rnd_times"]))
 
 
 def table(results: list[dict]) -> str:
@@ -282,9 +307,8 @@ def table(results: list[dict]) -> str:
             lines.append(
                 f"| {r['store']} | {f(r['write'], '.0f')} | {r['rnd']:.0f} | {r['seq']:.0f} | {r['ms']:.2f} "
                 f"| {f(r['disk'] and r['disk'] / 2**20, '.0f')} | {f(r['ratio'], '.2f')}x "
-                f"| {f(r['compressed'], '.0%')} | {r['rnd'] / ceil['rnd'] if ceil else 0:.2f}x "
-                f"| {r['rnd'] / cache['rnd'] if cache else 0:.2f}x "
-                f"| {r['rnd'] / npy['rnd'] if npy else 0:.2f}x |"
+                f"| {f(r['compressed'], '.0%')} | {paired_ratio(r, ceil):.2f}x "
+                f"| {paired_ratio(r, cache):.2f}x | {paired_ratio(r, npy):.2f}x |"
             )
     return "\n".join(lines)
 

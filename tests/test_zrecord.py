@@ -136,6 +136,76 @@ def test_destination_contract(store):
     assert (base == 0).all(), "a refused gather writes nothing"
 
 
+# Arrays of these kinds go straight to the native gather; everything else is converted first.
+# Both routes must read the same bytes and refuse the same bad input with the same errors.
+INDEX_FORMS = [
+    list,
+    lambda v: np.array(v, dtype=np.int64),
+    lambda v: np.array(v, dtype=np.uint64),
+    lambda v: np.array(v, dtype=np.int32),
+    lambda v: np.array(v, dtype=np.int64)[::-1][::-1],  # a view, still contiguous
+    lambda v: np.repeat(np.array(v, dtype=np.int64), 2)[::2],  # strided
+    lambda v: np.array(v, dtype=np.int64).reshape(1, -1),
+]
+
+
+@pytest.mark.parametrize("index_form", INDEX_FORMS)
+@pytest.mark.parametrize("offset_form", INDEX_FORMS[:4])
+@pytest.mark.parametrize("dst_dtype", [np.uint8, np.float32])
+def test_gather_argument_forms_agree(store, index_form, offset_form, dst_dtype):
+    recs = records(20, seed=7, max_len=64)
+    store.append(*pack(recs))
+    picks = [13, 2, 19, 2, 0]
+    sizes = [len(recs[i]) for i in picks]
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()
+    room = (sum(sizes) + 3) // 4 * 4
+    dst = np.zeros(room // np.dtype(dst_dtype).itemsize, dtype=dst_dtype)
+    store.gather(index_form(picks), dst, offset_form(offsets))
+    got = dst.view(np.uint8)
+    assert [got[o : o + n].tobytes() for o, n in zip(offsets, sizes)] == [recs[i] for i in picks]
+
+
+def test_usual_arrays_take_the_direct_route(store):
+    store.append(b"abcdef", [0, 3])
+    dst = np.zeros(6, dtype=np.uint8)
+    direct = store._native.try_gather
+    assert direct(np.array([1, 0]), dst, np.array([0, 3]))
+    assert dst.tobytes() == b"defabc"
+    assert direct(np.array([0], dtype=np.uint64), dst, np.array([3], dtype=np.uint64))
+    # Everything that needs converting or a precise error is declined untouched.
+    dst[:] = 0
+    for args in [([0], dst, [0]), (np.array([-1]), dst, np.array([0])),
+                 (np.array([0]), dst, np.array([-1])), (np.array([0], dtype=np.int32), dst, np.array([0])),
+                 (np.array([0]), dst.view(np.int8), np.array([0])), (np.array([0]), dst[::2], np.array([0]))]:
+        assert not direct(*args)
+    assert (dst == 0).all()
+
+
+def test_gather_bad_arrays_are_refused_like_lists(store):
+    store.append(b"abcdef", [0, 3])
+    base = np.zeros(16, dtype=np.uint8)
+    with pytest.raises(errors.ZrecordIndexError, match="-1 is negative"):
+        store.gather(np.array([0, -1]), base, np.array([0, 4]))
+    with pytest.raises(errors.ZrecordIndexError, match="out of range"):
+        store.gather(np.array([0, 2], dtype=np.uint64), base, np.array([0, 4], dtype=np.uint64))
+    with pytest.raises(errors.ZrecordValueError, match="must not be negative"):
+        store.gather(np.array([0, 1]), base, np.array([0, -4]))
+    with pytest.raises(errors.ZrecordValueError, match="C-contiguous"):
+        store.gather(np.array([0]), base[::2], np.array([0]))
+    ro = np.zeros(16, dtype=np.uint8)
+    ro.flags.writeable = False
+    with pytest.raises(errors.ZrecordValueError, match="read-only"):
+        store.gather(np.array([0]), ro, np.array([0]))
+    with pytest.raises(errors.ZrecordValueError, match="overlap"):
+        store.gather(np.array([0, 1]), base, np.array([0, 2]))
+    with pytest.raises(errors.ZrecordIndexError, match="integers"):
+        store.gather(np.array([0.0]), base, np.array([0]))
+    assert (base == 0).all(), "a refused gather writes nothing"
+    store.close()
+    with pytest.raises(errors.StoreClosedError):
+        store.gather(np.array([0]), base, np.array([0]))
+
+
 def test_append_errors(store):
     with pytest.raises(errors.LimitExceededError, match="1048576"):
         store.append(bytes(MAX_RECORD_BYTES + 1), [0])

@@ -113,9 +113,10 @@ class Zrecord:
         Destination ranges must fit in ``dst`` and must not overlap. Compressed records are
         decompressed straight into ``dst``.
         """
-        self._native.gather(
-            as_indices(idxs), destination_bytes(dst), as_offsets(offsets, "destination offsets")
-        )
+        if not self._native.try_gather(idxs, dst, offsets):  # usual arrays need no conversion
+            self._native.gather(
+                as_indices(idxs), destination_bytes(dst), as_offsets(offsets, "destination offsets")
+            )
 
     def lengths(self, idxs: Any) -> np.ndarray:
         """The logical length in bytes of each record, as a uint32 array."""

@@ -40,3 +40,20 @@ pub fn slice_mut<'b, T: Element>(buf: &'b PyBuffer<T>, what: &str) -> PyResult<&
     // it.
     Ok(unsafe { std::slice::from_raw_parts_mut(buf.buf_ptr() as *mut T, buf.item_count()) })
 }
+
+/// The values of `obj` when it is a buffer of uint64, or of int64 with no negative value: the
+/// index and offset arrays clients usually hold. `None` for anything else (another dtype, a
+/// negative value, not a buffer); the Python layer then converts it and reports what is wrong.
+pub fn u64_values(py: Python<'_>, obj: &Bound<'_, PyAny>) -> Option<Vec<u64>> {
+    if let Ok(buf) = PyBuffer::<u64>::get(obj) {
+        return buf.to_vec(py).ok();
+    }
+    let signed = PyBuffer::<i64>::get(obj).ok()?.to_vec(py).ok()?;
+    signed.iter().map(|&v| u64::try_from(v).ok()).collect()
+}
+
+/// `obj` as a writable C-contiguous byte buffer, or `None` (another dtype, read-only, strided).
+pub fn writable_bytes(obj: &Bound<'_, PyAny>) -> Option<PyBuffer<u8>> {
+    let buf = PyBuffer::<u8>::get(obj).ok()?;
+    (!buf.readonly() && buf.is_c_contiguous()).then_some(buf)
+}

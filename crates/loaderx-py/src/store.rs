@@ -1,5 +1,6 @@
 //! `loaderx._native.Zrecord`: the store handle. Arguments arrive as buffers already checked and
-//! converted by `loaderx/zrecord.py`; this file converts them to slices, releases the GIL
+//! converted by `loaderx/zrecord.py` (except for `try_gather`, which takes the usual arrays as
+//! they are and declines anything else); this file converts them to slices, releases the GIL
 //! around every engine call and maps errors.
 
 use std::sync::{Arc, Mutex};
@@ -10,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use zrecord::{Codec, Error, Options, Store};
 
-use crate::buffers::{slice, slice_mut};
+use crate::buffers::{slice, slice_mut, u64_values, writable_bytes};
 use crate::errors::IntoPyResult;
 
 fn codec(name: &str) -> PyResult<Codec> {
@@ -100,6 +101,29 @@ impl PyStore {
         let offsets = offsets.to_vec(py)?;
         let dst = slice_mut(&dst, "destination")?;
         py.detach(|| store.gather(&idxs, dst, &offsets)).py()
+    }
+
+    /// `gather` for arguments usable as they are: indices and offsets as uint64 or non-negative
+    /// int64 arrays, `dst` a writable C-contiguous uint8 buffer. Returns False, having done
+    /// nothing, for any other arguments; the caller converts those and calls `gather`. Saves
+    /// the Python-side conversions on the hot path (each costs microseconds right after a
+    /// batch-sized copy has flushed the caches).
+    fn try_gather(
+        &self,
+        py: Python<'_>,
+        idxs: &Bound<'_, PyAny>,
+        dst: &Bound<'_, PyAny>,
+        offsets: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let (Some(idxs), Some(offsets), Some(dst)) =
+            (u64_values(py, idxs), u64_values(py, offsets), writable_bytes(dst))
+        else {
+            return Ok(false);
+        };
+        let store = self.get()?;
+        let dst = slice_mut(&dst, "destination")?;
+        py.detach(|| store.gather(&idxs, dst, &offsets)).py()?;
+        Ok(true)
     }
 
     /// Fixed-stride gather: record `idxs[i]` lands at byte `i * record_len` of `dst`, split

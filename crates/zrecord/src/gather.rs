@@ -113,15 +113,12 @@ impl Store {
     /// The table entry of every index, read against one load of the published length.
     fn entries(&self, indices: &[u64]) -> Result<Vec<RecordLoc>> {
         let len = self.len();
-        indices
-            .iter()
-            .map(|&index| {
-                if index >= len {
-                    return Err(Error::IndexOutOfRange { index, len });
-                }
-                Ok(self.meta.entry(index))
-            })
-            .collect()
+        if let Some(&index) = indices.iter().find(|&&index| index >= len) {
+            return Err(Error::IndexOutOfRange { index, len });
+        }
+        // Checked first so that this loop has no early exit: the table reads (mostly cache
+        // misses) then issue back to back into a vector of known size.
+        Ok(indices.iter().map(|&index| self.meta.entry(index)).collect())
     }
 
     /// Copies or decodes one record into `dst`, checking its entry against the store first.
