@@ -39,9 +39,16 @@ class _UsageError(Exception):
 def _store_dir(path: str) -> str:
     if not os.path.exists(path):
         raise _UsageError(f"{path}: no such file or directory")
-    if not os.path.isdir(path) or not os.path.exists(os.path.join(path, _schema.META_FILE)):
+    if not _schema.is_store(path):
         raise _UsageError(f"{path}: not a loaderx store (no {_schema.META_FILE})")
     return path
+
+
+def _dataset_schema(path: str) -> _schema.Schema | None:
+    """The schema of a dataset, or None for a raw store (no schema.msgpack)."""
+    if not os.path.exists(os.path.join(path, _schema.SCHEMA_FILE)):
+        return None
+    return _schema.read(path)
 
 
 def _open(path: str) -> Any:
@@ -61,8 +68,8 @@ def _size(n: int) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     path = _store_dir(args.store)
     info: dict[str, Any] = {"path": os.path.abspath(path)}
-    if os.path.exists(os.path.join(path, _schema.SCHEMA_FILE)):
-        s = _schema.read(path)
+    s = _dataset_schema(path)
+    if s is not None:
         info.update(kind=s.kind, dtype=s.dtype.str, item_shape=list(s.item_shape), codec=s.codec)
     else:
         info.update(kind="raw", dtype=None, item_shape=None, codec=None)
@@ -116,14 +123,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     path = _store_dir(args.store)
-    dense = None
-    if os.path.exists(os.path.join(path, _schema.SCHEMA_FILE)):
-        dense = _schema.read(path)
+    schema = _dataset_schema(path)
     with _open(path) as z:
         report = z.verify()
         failures = list(report["failures"])
-        if dense is not None and len(z):
-            failures += _schema_failures(z, dense, {i for i, _ in failures})
+        if schema is not None and len(z):
+            failures += _schema_failures(z, schema, {i for i, _ in failures})
     failures.sort()
     for index, message in failures:
         print(f"record {index}: {message}")

@@ -25,13 +25,12 @@ from typing import Any, cast
 
 import numpy as np
 
-from loaderx._recycle import aligned_empty
-from loaderx.dataset import DenseDataset, RaggedDataset, _indices, _one_index, _schema
+from loaderx.dataset import (DenseDataset, RaggedDataset, _dense_gather, _indices,
+                              _one_index, _schema)
 from loaderx.errors import CorruptStoreError, DatasetError
 
 __all__ = ["ConcatDataset"]
 
-_U64 = np.dtype(np.uint64)
 
 
 def _open_part(part: Any, verify_reads: bool) -> DenseDataset | RaggedDataset:
@@ -136,16 +135,7 @@ class ConcatDataset:
         when given), each part's records read straight into their rows."""
         if self.kind != "dense":
             raise DatasetError("gather() is for dense views; index a ragged view instead")
-        if not (isinstance(idxs, np.ndarray) and idxs.dtype == _U64 and idxs.ndim == 1):
-            idxs = _indices(idxs, self._len).reshape(-1)
-        shape = (len(idxs), *self.item_shape)
-        if out is None:
-            out = aligned_empty(len(idxs) * self.record_bytes).view(self.dtype).reshape(shape)
-        else:
-            cast(DenseDataset, self._parts[0])._check_out(out, shape)
-        if len(idxs):
-            self._gather_fixed(idxs, out.reshape(-1).view(np.uint8), self.record_bytes)
-        return out
+        return _dense_gather(self, idxs, out)
 
     def _gather_fixed(self, idxs: np.ndarray, dst: np.ndarray, row_bytes: int,
                       shards: int | None = None) -> None:

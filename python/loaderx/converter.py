@@ -36,7 +36,8 @@ import numpy as np
 
 from loaderx import _schema
 from loaderx.errors import DatasetError, LimitExceededError, ZrecordValueError
-from loaderx.zrecord import CODECS, MAX_RECORD_BYTES, MAX_RECORDS, Zrecord
+from loaderx.zrecord import MAX_RECORD_BYTES, MAX_RECORDS, Zrecord
+from loaderx.zrecord import _codec as _store_codec
 
 __all__ = ["from_numpy", "from_iterator", "DEFAULT_CHUNK_BYTES"]
 
@@ -121,8 +122,7 @@ def from_iterator(
     stored as ``uint8`` records. Items are packed into appends of about ``chunk_bytes``. With
     ``codec="zstd_dict"`` the dictionary is trained on the first chunk before anything is
     written. ``schema``, ``overwrite``, ``progress`` and ``checksums`` are as in
-    :func:`from_numpy`; an
-    existing ragged dataset at ``path`` is appended to.
+    :func:`from_numpy`; an existing ragged dataset at ``path`` is appended to.
     """
     codec = _codec(codec)
     limit = _positive(chunk_bytes, "chunk_bytes")
@@ -311,11 +311,9 @@ def _alive(pid: int) -> bool:
 
 
 def _codec(codec: Any) -> str:
-    if codec == "zstdict":
-        return "zstd_dict"
-    if not isinstance(codec, str) or codec not in CODECS:
-        raise ZrecordValueError(f"unknown codec {codec!r}: expected one of {', '.join(CODECS)}")
-    return codec
+    """The store's codec check, with the reference's alias spelled out for schema.msgpack."""
+    codec = _store_codec(codec)
+    return "zstd_dict" if codec == "zstdict" else codec
 
 
 def _positive(value: Any, what: str) -> int:

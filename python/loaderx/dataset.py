@@ -206,27 +206,30 @@ class DenseDataset(_StoreView):
         """Records ``idxs`` (non-negative integers) as a ``(len(idxs), *item_shape)`` array,
         written into ``out`` when given (a C-contiguous, writable array of exactly that shape
         and the dataset's dtype), so a loop can reuse one buffer."""
-        if not (isinstance(idxs, np.ndarray) and idxs.dtype == _U64 and idxs.ndim == 1):
-            idxs = _indices(idxs, len(self)).reshape(-1)
-        shape = (len(idxs), *self.item_shape)
-        if out is None:
-            out = aligned_empty(len(idxs) * self._row_bytes).view(self.dtype).reshape(shape)
-        else:
-            self._check_out(out, shape)
-        if len(idxs):
-            self._gather_fixed(idxs, out.reshape(-1).view(np.uint8), self._row_bytes)
-        return out
+        return _dense_gather(self, idxs, out)
 
-    def _check_out(self, out: Any, shape: tuple[int, ...]) -> None:
-        if not isinstance(out, np.ndarray):
-            raise ZrecordValueError(f"out must be a NumPy array, got {type(out).__name__}")
-        if out.dtype != self.dtype or out.shape != shape:
-            raise ZrecordValueError(f"out is {out.dtype}{out.shape}; this gather needs "
-                                    f"{self.dtype}{shape}")
-        if not out.flags.c_contiguous:
-            raise ZrecordValueError("out must be C-contiguous")
-        if not out.flags.writeable:
-            raise ZrecordValueError("out is read-only")
+
+def _dense_gather(view: Any, idxs: Any, out: np.ndarray | None) -> np.ndarray:
+    """The ``gather`` of every dense view (a :class:`DenseDataset`, a dense
+    :class:`~loaderx.concat.ConcatDataset`): checks the indices and ``out`` (or allocates it
+    aligned), then fills it with the view's ``_gather_fixed``."""
+    if not (isinstance(idxs, np.ndarray) and idxs.dtype == _U64 and idxs.ndim == 1):
+        idxs = _indices(idxs, len(view)).reshape(-1)
+    shape = (len(idxs), *view.item_shape)
+    if out is None:
+        out = aligned_empty(len(idxs) * view.record_bytes).view(view.dtype).reshape(shape)
+    elif not isinstance(out, np.ndarray):
+        raise ZrecordValueError(f"out must be a NumPy array, got {type(out).__name__}")
+    elif out.dtype != view.dtype or out.shape != shape:
+        raise ZrecordValueError(f"out is {out.dtype}{out.shape}; this gather needs "
+                                f"{view.dtype}{shape}")
+    elif not out.flags.c_contiguous:
+        raise ZrecordValueError("out must be C-contiguous")
+    elif not out.flags.writeable:
+        raise ZrecordValueError("out is read-only")
+    if len(idxs):
+        view._gather_fixed(idxs, out.reshape(-1).view(np.uint8), view.record_bytes)
+    return out
 
 
 class RaggedDataset(_StoreView):

@@ -396,11 +396,11 @@ impl Store {
         }
         let raw = crate::codec::train(samples, sizes, target)
             .map_err(|e| Error::invalid(format!("dictionary training failed: {e}")))?;
-        let size = raw.len();
-        let dict = Dictionary::new(raw.clone())
+        let dict = Dictionary::new(raw)
             .ok_or_else(|| Error::invalid("zstd rejected the dictionary it trained"))?;
+        let size = dict.raw().len();
         let path = self.dir.join(DICT_FILE);
-        write_durably(&self.disk, &self.dir, &path, &raw, raw.len() as u64)?;
+        write_durably(&self.disk, &self.dir, &path, dict.raw(), size as u64)?;
         let _ = self.dict.set(Arc::new(dict));
         Ok(size)
     }

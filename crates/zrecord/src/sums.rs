@@ -129,11 +129,6 @@ impl Sums {
         Sums::open(dir, true)?.ok_or_else(|| Error::corrupt(&path, "vanished after creation"))
     }
 
-    /// Path of the file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Entry `index`.
     pub fn entry(&self, index: u64) -> SumEntry {
         self.map.entry(index)

@@ -7,17 +7,7 @@ use zrecord::failpoint::Action;
 use zrecord::Codec;
 
 fn fragmented(dir: &std::path::Path) -> Vec<Vec<u8>> {
-    let store = open_small_chunks(dir, Codec::Zstd, 8192);
-    let recs: Vec<Vec<u8>> = (0..120).map(|i| record(i, 100 + (i as usize * 37) % 700)).collect();
-    let (buf, off) = pack(&recs);
-    store.append(&buf, &off, None).unwrap();
-    let mut model = recs;
-    let targets: Vec<u64> = (0..120).filter(|i| i % 3 == 0).collect();
-    store.delete(&targets).unwrap();
-    for &t in targets.iter().rev() {
-        model.swap_remove(t as usize);
-    }
-    model
+    fill_with_holes(&open_small_chunks(dir, Codec::Zstd, 8192), 120)
 }
 
 #[test]

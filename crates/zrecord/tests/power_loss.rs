@@ -178,15 +178,7 @@ fn every_cut_of_appends_leaves_a_prefix() {
 fn fragmented(dir: &Path) -> Vec<Vec<u8>> {
     let store = open_at(dir, Codec::Zstd);
     store.enable_checksums().unwrap();
-    let recs: Vec<Vec<u8>> = (0..60).map(|i| record(i, 100 + (i as usize * 37) % 700)).collect();
-    let (buf, off) = pack(&recs);
-    store.append(&buf, &off, None).unwrap();
-    let targets: Vec<u64> = (0..60).filter(|i| i % 3 == 0).collect();
-    store.delete(&targets).unwrap();
-    let mut model = recs;
-    for &t in targets.iter().rev() {
-        model.swap_remove(t as usize);
-    }
+    let model = fill_with_holes(&store, 60);
     store.close().unwrap();
     model
 }

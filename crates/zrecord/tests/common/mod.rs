@@ -67,6 +67,21 @@ pub fn read(store: &Store, idx: &[u64]) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// Appends `n` records of 100 to 800 bytes, then deletes every third one, leaving holes for
+/// compaction to reclaim; returns the records the store then holds, in index order.
+pub fn fill_with_holes(store: &Store, n: u64) -> Vec<Vec<u8>> {
+    let recs: Vec<Vec<u8>> = (0..n).map(|i| record(i, 100 + (i as usize * 37) % 700)).collect();
+    let (buf, off) = pack(&recs);
+    store.append(&buf, &off, None).unwrap();
+    let targets: Vec<u64> = (0..n).filter(|i| i % 3 == 0).collect();
+    store.delete(&targets).unwrap();
+    let mut model = recs;
+    for &t in targets.iter().rev() {
+        model.swap_remove(t as usize);
+    }
+    model
+}
+
 pub fn open(dir: &std::path::Path, codec: Codec) -> Store {
     Store::open(dir, Options { codec, ..Options::default() }).unwrap()
 }
