@@ -14,6 +14,7 @@ __all__ = [
     "CorruptStoreError",
     "LimitExceededError",
     "StoreBusyError",
+    "StoreChangedError",
     "StoreClosedError",
     "MissingDictionaryError",
     "ZrecordIndexError",
@@ -40,6 +41,13 @@ class LimitExceededError(ZrecordError):
 class StoreBusyError(ZrecordError):
     """The store cannot be used this way right now: ``delete``/``compact`` while other calls
     are in flight, or a write while another process or handle holds the writer lock."""
+
+
+class StoreChangedError(ZrecordError):
+    """Another handle or process deleted records from the store, or replaced it, since this
+    handle last looked: its indices may now name other records. Call ``refresh()`` on the
+    store (``Zrecord.refresh``, ``DenseDataset.store.refresh()``) to accept the new state, or
+    open it again. (Compaction by others needs nothing: reads follow the moved records.)"""
 
 
 class StoreClosedError(ZrecordError, ValueError):

@@ -14,11 +14,13 @@ one destination array, with the GIL released and the work split across cores.
 b'world!hello'
 
 Appended records are visible to every thread using the handle as soon as ``append`` returns;
-``sync()`` (or ``close()``) makes them durable and visible to other processes.
+``sync()`` (or ``close()``) makes them durable and visible to every other handle and process.
+See the README's "Many handles and processes" for what several handles may do at once.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 from typing import Any
 
@@ -36,6 +38,10 @@ CODECS = ("raw", "zstd", "zstd_dict")
 MAX_RECORDS: int = _native.MAX_RECORDS
 #: Largest record, in bytes.
 MAX_RECORD_BYTES: int = _native.MAX_RECORD_BYTES
+
+# At exit, wait for native calls other threads are making before the interpreter finalizes
+# (a thread coming back from one into a finalizing interpreter would abort the process).
+atexit.register(_native.begin_exit)
 
 
 def _codec(codec: Any) -> str:
@@ -59,8 +65,14 @@ class Zrecord:
 
     Handles are safe to share between threads: ``gather`` and ``append`` may run concurrently;
     ``delete`` and ``compact`` need the store to themselves and raise
-    :class:`~loaderx.errors.StoreBusyError` while other calls are in flight. Only one process
-    (and one handle) may write a store at a time; readers are unlimited.
+    :class:`~loaderx.errors.StoreBusyError` while other calls are in flight.
+
+    Several handles and processes: one writer at a time (the first write takes the store's
+    writer lock until :meth:`close`; another writer gets
+    :class:`~loaderx.errors.StoreBusyError` at once), readers unlimited. Other handles see a
+    writer's records once it syncs. After another handle deletes records, reads raise
+    :class:`~loaderx.errors.StoreChangedError` until :meth:`refresh`; another handle's
+    compaction needs nothing. A handle inherited across ``fork`` reads but does not write.
     """
 
     def __init__(self, path: str | os.PathLike[str], codec: str = "zstd", *,
@@ -144,8 +156,31 @@ class Zrecord:
         return self._native.stats()
 
     def sync(self) -> None:
-        """Makes everything appended so far durable and visible to other processes."""
+        """Makes everything appended so far durable and visible to other handles and
+        processes."""
         self._native.sync()
+
+    def lock_for_writing(self) -> None:
+        """Takes the store's writer lock now instead of at the first write, so that a store
+        another handle or process is writing is refused
+        (:class:`~loaderx.errors.StoreBusyError`) before any work. Held until :meth:`close`."""
+        self._native.lock_for_writing()
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this handle holds the store's writer lock."""
+        return self._native.is_writer
+
+    def refresh(self) -> None:
+        """Accepts the store as other handles and processes left it. After another handle
+        deleted records, reads raise :class:`~loaderx.errors.StoreChangedError` until this is
+        called: indices then mean what they mean on disk now."""
+        self._native.refresh()
+
+    def _retire(self) -> None:
+        """Marks the store as replaced for every other handle (the converters call this
+        under the writer lock before renaming a new dataset into its place)."""
+        self._native.retire()
 
     def train_dict(self, samples: Any, sizes: Any, target: int) -> int:
         """Trains the store's zstd dictionary (at most ``target`` bytes) on ``samples``, the
@@ -190,7 +225,7 @@ class Zrecord:
         return self._native.verify()
 
     def close(self) -> None:
-        """Syncs and closes the handle. Later calls raise
+        """Syncs, lets the writer lock go and closes the handle. Later calls raise
         :class:`~loaderx.errors.StoreClosedError`; closing twice is harmless."""
         self._native.close()
 

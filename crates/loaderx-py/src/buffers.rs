@@ -41,6 +41,15 @@ pub fn slice_mut<'b, T: Element>(buf: &'b PyBuffer<T>, what: &str) -> PyResult<&
     Ok(unsafe { std::slice::from_raw_parts_mut(buf.buf_ptr() as *mut T, buf.item_count()) })
 }
 
+/// Whether two buffers' memory ranges intersect (then one may not be borrowed mutably while
+/// the other is borrowed at all).
+pub fn overlap<A: Element, B: Element>(a: &PyBuffer<A>, b: &PyBuffer<B>) -> bool {
+    let start = |p: *mut std::ffi::c_void| p as usize;
+    let (a0, b0) = (start(a.buf_ptr()), start(b.buf_ptr()));
+    let (a1, b1) = (a0 + a.len_bytes(), b0 + b.len_bytes());
+    a.len_bytes() > 0 && b.len_bytes() > 0 && a0 < b1 && b0 < a1
+}
+
 /// The values of `obj` when it is a buffer of uint64, or of int64 with no negative value: the
 /// index and offset arrays clients usually hold. `None` for anything else (another dtype, a
 /// negative value, not a buffer); the Python layer then converts it and reports what is wrong.

@@ -20,6 +20,7 @@ pub fn to_py(err: Error) -> PyErr {
         Error::IndexOutOfRange { .. } => "ZrecordIndexError",
         Error::LimitExceeded { .. } => "LimitExceededError",
         Error::Busy(_) => "StoreBusyError",
+        Error::Changed(_) => "StoreChangedError",
         Error::MissingDictionary { .. } => "MissingDictionaryError",
         Error::InvalidArgument(_) => "ZrecordValueError",
         Error::Closed => "StoreClosedError",

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 mod buffers;
 mod errors;
+mod exit;
 mod sampler;
 mod store;
 
@@ -32,6 +33,11 @@ fn copy_records(
     dst: pyo3::buffer::PyBuffer<u8>,
 ) -> PyResult<()> {
     let idxs = idxs.to_vec(py)?;
+    if src.is_c_contiguous() && dst.is_c_contiguous() && buffers::overlap(&src, &dst) {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "src and destination share memory; copy_records needs separate buffers",
+        ));
+    }
     let src = buffers::slice(&src, "src")?;
     let dst = buffers::slice_mut(&dst, "destination")?;
     let fits = idxs.iter().all(|&i| {
@@ -42,7 +48,7 @@ fn copy_records(
     if !fits || dst.len() < idxs.len() * record {
         return Err(pyo3::exceptions::PyValueError::new_err("index or destination out of range"));
     }
-    py.detach(|| zrecord::ceiling::copy_records(src, record, &idxs, dst));
+    exit::detach(py, || zrecord::ceiling::copy_records(src, record, &idxs, dst));
     Ok(())
 }
 
@@ -53,6 +59,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(copy_records, m)?)?;
+    m.add_function(wrap_pyfunction!(exit::begin_exit, m)?)?;
     m.add("FORMAT_VERSION", zrecord::format::VERSION)?;
     m.add("MAX_RECORDS", zrecord::format::MAX_RECORDS)?;
     m.add("MAX_RECORD_BYTES", zrecord::format::MAX_RECORD_BYTES)?;

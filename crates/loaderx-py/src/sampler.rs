@@ -58,7 +58,7 @@ impl Sampler {
     fn write(&self, py: Python<'_>, step: u64, out: &mut [u64]) -> PyResult<()> {
         let result = if self.core.batch_size() >= DETACH_AT {
             let core = &self.core;
-            py.detach(|| core.fill(step, out))
+            crate::exit::detach(py, || core.fill(step, out))
         } else {
             self.core.fill(step, out)
         };

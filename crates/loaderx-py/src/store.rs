@@ -3,7 +3,7 @@
 //! they are and declines anything else); this file converts them to slices, releases the GIL
 //! around every engine call and maps errors.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
@@ -13,6 +13,7 @@ use zrecord::{Codec, Error, Options, Store};
 
 use crate::buffers::{slice, slice_mut, u64_values, writable_bytes};
 use crate::errors::IntoPyResult;
+use crate::exit::detach;
 
 fn codec(name: &str) -> PyResult<Codec> {
     Codec::from_name(name).ok_or_else(|| {
@@ -22,17 +23,22 @@ fn codec(name: &str) -> PyResult<Codec> {
     })
 }
 
-/// A zrecord store handle.
+/// A zrecord store handle. Holds no lock of its own (a process forked while another thread was
+/// inside a call must still be able to use it): closing flips a flag, and the engine's handle
+/// (its maps and files) lives until the Python object is collected.
 #[pyclass(name = "Zrecord", module = "loaderx._native", frozen)]
 pub struct PyStore {
-    store: Mutex<Option<Arc<Store>>>,
+    store: Store,
+    closed: AtomicBool,
     path: String,
 }
 
 impl PyStore {
-    fn get(&self) -> PyResult<Arc<Store>> {
-        let guard = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        guard.clone().ok_or(Error::Closed).py()
+    fn get(&self) -> PyResult<&Store> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed).py();
+        }
+        Ok(&self.store)
     }
 }
 
@@ -51,8 +57,8 @@ impl PyStore {
             options.chunk_capacity = c;
         }
         let p = path.clone();
-        let store = py.detach(move || Store::open(p, options)).py()?;
-        Ok(PyStore { store: Mutex::new(Some(Arc::new(store))), path })
+        let store = detach(py, move || Store::open(p, options)).py()?;
+        Ok(PyStore { store, closed: AtomicBool::new(false), path })
     }
 
     #[getter]
@@ -67,7 +73,7 @@ impl PyStore {
 
     #[getter]
     fn closed(&self) -> bool {
-        self.store.lock().unwrap_or_else(|e| e.into_inner()).is_none()
+        self.closed.load(Ordering::Acquire)
     }
 
     fn __len__(&self) -> PyResult<usize> {
@@ -86,7 +92,7 @@ impl PyStore {
         let codec = codec_name.map(codec).transpose()?;
         let offsets = offsets.to_vec(py)?;
         let src = slice(&src, "src")?;
-        py.detach(|| store.append(src, &offsets, codec)).py()
+        detach(py, || store.append(src, &offsets, codec)).py()
     }
 
     fn gather(
@@ -100,7 +106,7 @@ impl PyStore {
         let idxs = idxs.to_vec(py)?;
         let offsets = offsets.to_vec(py)?;
         let dst = slice_mut(&dst, "destination")?;
-        py.detach(|| store.gather(&idxs, dst, &offsets)).py()
+        detach(py, || store.gather(&idxs, dst, &offsets)).py()
     }
 
     /// `gather` for arguments usable as they are: indices and offsets as uint64 or non-negative
@@ -122,7 +128,7 @@ impl PyStore {
         };
         let store = self.get()?;
         let dst = slice_mut(&dst, "destination")?;
-        py.detach(|| store.gather(&idxs, dst, &offsets)).py()?;
+        detach(py, || store.gather(&idxs, dst, &offsets)).py()?;
         Ok(true)
     }
 
@@ -141,7 +147,7 @@ impl PyStore {
         let idxs = idxs.to_vec(py)?;
         let dst = slice_mut(&dst, "destination")?;
         let shards = max_shards.unwrap_or(usize::MAX);
-        py.detach(|| store.gather_fixed(&idxs, dst, record_len, shards)).py()
+        detach(py, || store.gather_fixed(&idxs, dst, record_len, shards)).py()
     }
 
     fn lengths_into(
@@ -155,19 +161,19 @@ impl PyStore {
         if out.item_count() != idxs.len() || out.readonly() || !out.is_c_contiguous() {
             return Err(PyValueError::new_err("out must be a writable uint32 array of len(idxs)"));
         }
-        let lens = py.detach(|| store.lengths(&idxs)).py()?;
+        let lens = detach(py, || store.lengths(&idxs)).py()?;
         out.copy_from_slice(py, &lens)
     }
 
     fn delete(&self, py: Python<'_>, idxs: PyBuffer<u64>) -> PyResult<()> {
         let store = self.get()?;
         let idxs = idxs.to_vec(py)?;
-        py.detach(|| store.delete(&idxs)).py()
+        detach(py, || store.delete(&idxs)).py()
     }
 
     fn compact<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let store = self.get()?;
-        let r = py.detach(|| store.compact()).py()?;
+        let r = detach(py, || store.compact()).py()?;
         let d = PyDict::new(py);
         d.set_item("moved", r.moved)?;
         d.set_item("skipped", r.skipped)?;
@@ -179,7 +185,7 @@ impl PyStore {
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let store = self.get()?;
-        let s = py.detach(|| store.stats()).py()?;
+        let s = detach(py, || store.stats()).py()?;
         let d = PyDict::new(py);
         d.set_item("records", s.records)?;
         d.set_item("live_bytes", s.live_bytes)?;
@@ -195,7 +201,7 @@ impl PyStore {
 
     fn sync(&self, py: Python<'_>) -> PyResult<()> {
         let store = self.get()?;
-        py.detach(|| store.sync()).py()
+        detach(py, || store.sync()).py()
     }
 
     fn train_dict(
@@ -208,7 +214,7 @@ impl PyStore {
         let store = self.get()?;
         let sizes: Vec<usize> = sizes.to_vec(py)?.into_iter().map(|s| s as usize).collect();
         let samples = slice(&samples, "samples")?;
-        py.detach(|| store.train_dict(samples, &sizes, target)).py()
+        detach(py, || store.train_dict(samples, &sizes, target)).py()
     }
 
     fn has_dict(&self) -> PyResult<bool> {
@@ -221,7 +227,7 @@ impl PyStore {
 
     fn enable_checksums(&self, py: Python<'_>) -> PyResult<u64> {
         let store = self.get()?;
-        py.detach(|| store.enable_checksums()).py()
+        detach(py, || store.enable_checksums()).py()
     }
 
     #[getter]
@@ -237,7 +243,7 @@ impl PyStore {
 
     fn verify<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let store = self.get()?;
-        let r = py.detach(|| store.verify()).py()?;
+        let r = detach(py, || store.verify()).py()?;
         let d = PyDict::new(py);
         d.set_item("records", r.records)?;
         d.set_item("checked", r.checked)?;
@@ -246,13 +252,36 @@ impl PyStore {
         Ok(d)
     }
 
-    /// Syncs and releases the handle; calls still in flight finish first on their own
-    /// reference. Closing twice is a no-op.
+    /// Takes the writer lock now (refused at once while another handle or process holds it).
+    fn lock_for_writing(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.get()?;
+        detach(py, || store.lock_for_writing()).py()
+    }
+
+    /// Marks the store replaced for every other handle (takes the writer lock).
+    fn retire(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.get()?;
+        detach(py, || store.retire()).py()
+    }
+
+    /// Accepts the store as other handles left it (after their deletes).
+    fn refresh(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.get()?;
+        detach(py, || store.refresh()).py()
+    }
+
+    #[getter]
+    fn is_writer(&self) -> PyResult<bool> {
+        Ok(self.get()?.is_writer())
+    }
+
+    /// Syncs and lets the writer lock go; later calls raise. Calls still in flight finish
+    /// first. Closing twice is a no-op.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let taken = self.store.lock().unwrap_or_else(|e| e.into_inner()).take();
-        match taken {
-            None => Ok(()),
-            Some(store) => py.detach(move || store.close()).py(),
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
         }
+        let store = &self.store;
+        detach(py, || store.close()).py()
     }
 }

@@ -5,15 +5,22 @@
 //! shared calls are refused while one runs). A counter with one high bit for "exclusive" does it
 //! without a lock on the read path.
 //!
-//! Across processes: the first write (append, delete, compact, train_dict) takes an advisory
-//! `flock` on `meta.zr`, held until the handle closes: one writer process at a time, any number
-//! of readers. A forked child inherits the lock but must not write through it (its in-memory tail
-//! would race the parent's), so writes check the pid that took the lock.
+//! Across handles and processes: the first write (append, delete, compact, train_dict,
+//! enable_checksums) takes an advisory `flock` on `meta.zr`, held until the handle closes: one
+//! writer at a time, any number of readers. The lock is taken through a file description of its
+//! own, opened for the purpose, so two handles in one process, or a parent and a child that
+//! both opened it after a `fork`, exclude each other like two processes do. Before locking, the
+//! file opened is checked to be the very `meta.zr` the handle maps (a store replaced under the
+//! same name is refused), and again after, since a replacement may land in between.
 
 use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::{Error, Result};
+use crate::files;
+use crate::fork;
 
 const EXCLUSIVE: u32 = 1 << 31;
 
@@ -62,34 +69,68 @@ impl Drop for Guard<'_> {
     }
 }
 
+/// The error of a write through a handle inherited across `fork`.
+pub fn inherited_handle() -> Error {
+    Error::Busy(
+        "this store handle was inherited across fork; it can read, but only a handle opened in \
+         this process can write: open the store again here"
+            .into(),
+    )
+}
+
 /// The cross-process writer lock, once taken.
 pub struct WriterLock {
-    pid: u32,
+    file: Option<File>,
+    /// Its place in the fork module's table, if it got one.
+    slot: Option<usize>,
+    fork_epoch: u64,
 }
 
 impl WriterLock {
-    /// Takes the lock on `meta` without waiting.
-    pub fn acquire(meta: &File, path: &std::path::Path) -> Result<WriterLock> {
-        match meta.try_lock() {
-            Ok(()) => Ok(WriterLock { pid: std::process::id() }),
-            Err(std::fs::TryLockError::WouldBlock) => Err(Error::Busy(format!(
-                "another process or handle holds the writer lock on {}",
+    /// Takes the lock on the `meta.zr` named `path`, which must be the file whose identity is
+    /// `expected`, without waiting.
+    pub fn acquire(path: &Path, expected: (u64, u64)) -> Result<WriterLock> {
+        let replaced = || {
+            Error::Changed(format!(
+                "{} is no longer this handle's store (it was replaced or removed); open the \
+                 store again",
                 path.display()
-            ))),
-            Err(std::fs::TryLockError::Error(e)) => Err(Error::io(path, e)),
-        }
-    }
-
-    /// Refuses a write from a process other than the one that took the lock.
-    pub fn check_pid(&self) -> Result<()> {
-        if self.pid == std::process::id() {
-            Ok(())
-        } else {
-            Err(Error::Busy(
-                "this store handle was opened for writing in the parent process; reopen the store \
-                 in the child to write"
-                    .into(),
             ))
+        };
+        let file = files::open_existing(path, false)?.ok_or_else(replaced)?;
+        if files::identity(&file).map_err(|e| Error::io(path, e))? != expected {
+            return Err(replaced());
+        }
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::Busy(format!(
+                    "another process or handle holds the writer lock on {}",
+                    path.display()
+                )))
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(path, e)),
+        }
+        if files::identity_of_name(path).map_err(|e| Error::io(path, e))? != Some(expected) {
+            return Err(replaced());
+        }
+        let slot = fork::register_lock_fd(file.as_raw_fd());
+        Ok(WriterLock { file: Some(file), slot, fork_epoch: fork::epoch() })
+    }
+}
+
+impl Drop for WriterLock {
+    fn drop(&mut self) {
+        let Some(file) = self.file.take() else { return };
+        match self.slot {
+            // The fork handler already closed a listed descriptor in this child; its number may
+            // belong to another file by now.
+            Some(_) if fork::inherited(self.fork_epoch) => std::mem::forget(file),
+            Some(slot) => {
+                fork::unregister_lock_fd(slot, file.as_raw_fd());
+                drop(file);
+            }
+            None => drop(file),
         }
     }
 }

@@ -57,7 +57,7 @@ impl Store {
         }
         {
             // Learn about a refused writer lock before spending time compressing.
-            let mut state = self.lock_writer();
+            let mut state = self.lock_writer()?;
             self.ensure_writer(&mut state)?;
             if self.len() + ranges.len() as u64 > MAX_RECORDS {
                 return Err(record_limit(self.len() + ranges.len() as u64));
@@ -71,7 +71,7 @@ impl Store {
             }
         };
 
-        let mut state = self.lock_writer();
+        let mut state = self.lock_writer()?;
         self.ensure_writer(&mut state)?;
         let first = self.len();
         let n = records.len() as u64;

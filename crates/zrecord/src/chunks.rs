@@ -3,15 +3,21 @@
 //! Each chunk is opened on first use and mapped read-only at its full capacity; reads are
 //! slices of that map, checked against the file's size, and writes are positional (`pwrite`), so
 //! a full disk is an `ENOSPC` error rather than a SIGBUS. Files grow with their data: nothing is
-//! preallocated (see docs/FORMAT.md). Every change goes through the store's [`Disk`].
+//! preallocated (see docs/FORMAT.md), and nothing shrinks them (compaction punches holes), so a
+//! map never loses a page it was allowed to read. Every change goes through the store's [`Disk`].
+//!
+//! Opened chunks are reached without a lock. Another handle's compaction may delete a chunk file
+//! and a later append create one of the same name: [`ChunkSet::revalidate`] (run when the store's
+//! epoch says records moved) drops every open chunk whose name now means another file.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::disk::Disk;
 use crate::error::{Error, Result};
+use crate::files;
 use crate::format::{chunk_file_name, MAX_CHUNKS};
 use crate::mapped::{ChunkMap, Slots};
 
@@ -24,6 +30,8 @@ pub struct Chunk {
     size: AtomicU64,
     capacity: u64,
     disk: Arc<Disk>,
+    /// (device, inode) of the file.
+    identity: (u64, u64),
 }
 
 impl Chunk {
@@ -63,9 +71,16 @@ impl Chunk {
         self.disk.sync_file(&self.file, &self.path).map_err(|e| Error::io(&self.path, e))
     }
 
-    /// Shrinks the file to `len` bytes (after compaction).
-    pub fn truncate(&self, len: u64) -> Result<()> {
-        self.disk.set_len(&self.file, &self.path, len).map_err(|e| Error::io(&self.path, e))
+    /// Frees the space from `offset` to the end of the file (after compaction), keeping the
+    /// file's size: readers may still map those pages.
+    pub fn punch_from(&self, offset: u64) -> Result<()> {
+        let size = self.file_size()?;
+        if size <= offset {
+            return Ok(());
+        }
+        self.disk
+            .punch_hole(&self.file, &self.path, offset, size - offset)
+            .map_err(|e| Error::io(&self.path, e))
     }
 
     /// The file's size as the OS sees it now.
@@ -78,7 +93,6 @@ impl Chunk {
 pub struct ChunkSet {
     dir: PathBuf,
     slots: Slots<Chunk>,
-    opening: Mutex<()>,
     capacity: u64,
     writable: bool,
     disk: Arc<Disk>,
@@ -92,7 +106,6 @@ impl ChunkSet {
         ChunkSet {
             dir: dir.to_path_buf(),
             slots: Slots::new(MAX_CHUNKS as usize),
-            opening: Mutex::new(()),
             capacity,
             writable,
             disk,
@@ -143,46 +156,59 @@ impl ChunkSet {
                 "chunk id {id} is past the {MAX_CHUNKS}-chunk limit"
             )));
         }
-        let _guard = self.opening.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = self.slots.get(id as usize) {
-            return Ok(c);
-        }
         let path = self.path(id);
-        let missing = |e: std::io::Error| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::corrupt(&path, "chunk file is missing"),
-            _ => Error::io(&path, e),
-        };
         let file = if create && self.writable {
-            let (file, created) = self.disk.open_or_create(&path).map_err(missing)?;
+            let (file, created) =
+                self.disk.open_or_create(&path).map_err(|e| files::refused(&path, e))?;
             if created {
                 self.names_changed.store(true, Ordering::Release);
             }
+            files::check_regular(&file, &path)?;
             file
         } else {
-            OpenOptions::new().read(true).write(self.writable).open(&path).map_err(missing)?
+            files::open_existing(&path, self.writable)?
+                .ok_or_else(|| Error::corrupt(&path, "chunk file is missing"))?
         };
-        let size = file.metadata().map_err(|e| Error::io(&path, e))?.len();
+        let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
+        let identity = files::identity(&file).map_err(|e| Error::io(&path, e))?;
         let map = ChunkMap::new(&file, self.capacity).map_err(|e| Error::io(&path, e))?;
         let chunk = Chunk {
             path,
             file,
             map,
-            size: AtomicU64::new(size.min(self.capacity)),
+            size: AtomicU64::new(meta.len().min(self.capacity)),
             capacity: self.capacity,
             disk: Arc::clone(&self.disk),
+            identity,
         };
+        // Two threads may open the same chunk at once: the first insert wins, the other's
+        // handle is dropped unseen.
         Ok(self.slots.insert(id as usize, chunk))
     }
 
     /// Forgets chunk `id` and deletes its file, if any (compaction, past the new frontier).
     pub fn remove(&self, id: u64) -> Result<bool> {
-        let _guard = self.opening.lock().unwrap_or_else(|e| e.into_inner());
-        self.slots.clear(id as usize);
+        self.slots.clear(id as usize, None);
         let path = self.path(id);
         let removed = self.disk.remove(&path).map_err(|e| Error::io(&path, e))?;
         if removed {
             self.names_changed.store(true, Ordering::Release);
         }
         Ok(removed)
+    }
+
+    /// Forgets every open chunk whose name no longer means the file this set opened (another
+    /// handle's compaction deleted it, and maybe an append made a new one); the next use opens
+    /// the name afresh. Open chunks stay alive until the set drops, so a read still using one
+    /// is unaffected.
+    pub fn revalidate(&self) {
+        for id in 0..MAX_CHUNKS as usize {
+            if let Some(chunk) = self.slots.get(id) {
+                let now = files::identity_of_name(&chunk.path).ok().flatten();
+                if now != Some(chunk.identity) {
+                    self.slots.clear(id, Some(chunk));
+                }
+            }
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! prepared dictionaries are immutable and shared by every shard.
 
 use std::io;
+use std::sync::OnceLock;
 
 use zstd::bulk::{Compressor, Decompressor};
 use zstd::dict::{DecoderDictionary, EncoderDictionary};
@@ -14,29 +15,38 @@ pub const ZSTD_LEVEL: i32 = 3;
 /// zstd level of the dictionary codec.
 pub const ZSTD_DICT_LEVEL: i32 = 19;
 
-/// A trained dictionary, prepared once for both directions.
+/// A trained dictionary. The decoding side is prepared when the store opens (cheap: a copy and
+/// its entropy tables); the encoding side, which at level 19 costs seconds for a dictionary of
+/// megabytes, only when a handle first compresses with it.
 pub struct Dictionary {
     raw: Vec<u8>,
-    encoder: EncoderDictionary<'static>,
+    encoder: OnceLock<Option<EncoderDictionary<'static>>>,
     decoder: DecoderDictionary<'static>,
 }
 
 impl Dictionary {
-    /// Prepares the raw bytes of `dict.zr`; `None` when zstd rejects them (a damaged file).
+    /// Prepares the raw bytes of `dict.zr` for decoding; `None` when zstd rejects them.
     pub fn new(raw: Vec<u8>) -> Option<Self> {
         // The zstd crate's constructors panic when zstd refuses a dictionary, so the bytes are
-        // first tried through zstd-safe's fallible ones; after that the copies cannot fail
-        // (short of memory, which aborts anyway).
+        // first tried through zstd-safe's fallible one.
         zstd_safe::DDict::try_create(&raw)?;
-        zstd_safe::CDict::try_create(&raw, ZSTD_DICT_LEVEL)?;
-        let encoder = EncoderDictionary::copy(&raw, ZSTD_DICT_LEVEL);
         let decoder = DecoderDictionary::copy(&raw);
-        Some(Dictionary { raw, encoder, decoder })
+        Some(Dictionary { raw, encoder: OnceLock::new(), decoder })
     }
 
     /// The bytes as stored in `dict.zr`.
     pub fn raw(&self) -> &[u8] {
         &self.raw
+    }
+
+    /// The encoding side, prepared on first use; `None` when zstd rejects the dictionary.
+    fn encoder(&self) -> Option<&EncoderDictionary<'static>> {
+        self.encoder
+            .get_or_init(|| {
+                zstd_safe::CDict::try_create(&self.raw, ZSTD_DICT_LEVEL)?;
+                Some(EncoderDictionary::copy(&self.raw, ZSTD_DICT_LEVEL))
+            })
+            .as_ref()
     }
 }
 
@@ -81,7 +91,10 @@ impl<'d> Encoder<'d> {
         }
         if codec == Codec::ZstdDict && self.with_dict.is_none() {
             let dict = self.dict.ok_or_else(|| io::Error::other("no dictionary"))?;
-            let ctx = Compressor::with_prepared_dictionary(&dict.encoder)?;
+            let prepared = dict
+                .encoder()
+                .ok_or_else(|| io::Error::other("zstd rejects the store's dictionary"))?;
+            let ctx = Compressor::with_prepared_dictionary(prepared)?;
             self.with_dict = Some(self.configured(ctx)?);
         }
         let ctx = match codec {

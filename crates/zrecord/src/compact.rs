@@ -12,6 +12,11 @@
 //! each durable entry points at durable, intact bytes, so a compaction interrupted at any point
 //! (error, kill or power loss) leaves a store with the same records, and running `compact` again
 //! finishes the job.
+//!
+//! Readers in other handles and processes take no lock: before each batch overwrites stored
+//! bytes, `gen.zr`'s epoch advances, and a read that overlapped it reads again (`epoch.rs`).
+//! Files are never shrunk (space past the frontier becomes a hole), so a reader's map of a
+//! chunk never loses a page under it.
 
 use std::collections::BTreeSet;
 
@@ -57,7 +62,7 @@ impl Store {
     /// Repacks the live records; see the module docs. Needs exclusive access.
     pub fn compact(&self) -> Result<CompactReport> {
         let _guard = self.activity.exclusive("compact")?;
-        let mut state = self.lock_writer();
+        let mut state = self.lock_writer()?;
         self.ensure_writer(&mut state)?;
         let capacity = self.chunks.capacity();
         let len = self.len();
@@ -139,7 +144,9 @@ impl Store {
         state.dirty_table = true;
         self.sync_locked(&mut state)?;
         // Only now that the header names the new frontier may the space past it go, including
-        // staging chunks left behind by an earlier, interrupted run.
+        // staging chunks left behind by an earlier, interrupted run. Readers elsewhere may still
+        // hold entries that point there: they read again.
+        self.epoch.bump_moves();
         let mut id = chunk + 1;
         while id < MAX_CHUNKS
             && (id <= old_tail.0 + 1 || self.dir.join(chunk_file_name(id)).exists())
@@ -147,8 +154,9 @@ impl Store {
             report.chunks_removed += u64::from(self.chunks.remove(id)?);
             id += 1;
         }
+        // Holes, not truncation: a reader that maps the file must never find a page gone.
         if let Ok(c) = self.chunks.get(chunk) {
-            c.truncate(offset)?;
+            c.punch_from(offset)?;
         }
         report.chunk_bytes_after = chunk * capacity + offset;
         Ok(report)
@@ -156,6 +164,8 @@ impl Store {
 
     /// Moves one batch through staging; see the module docs for the order of steps.
     fn move_batch(&self, batch: Batch, state: &mut WriterState) -> Result<()> {
+        // Staging may reuse space an earlier batch's entries pointed at while it moved.
+        self.epoch.bump_moves();
         let mut at = 0usize;
         let mut staged = BTreeSet::new();
         let mut stage_end = (state.tail_chunk, state.tail_offset);
@@ -176,6 +186,8 @@ impl Store {
         }
         self.sync_locked(state)?;
         self.repoint(&BTreeSet::new(), batch.moves.iter().map(|(m, s)| (m, *s)))?;
+        // The final places overwrite bytes that readers elsewhere may still have entries for.
+        self.epoch.bump_moves();
         let mut at = 0usize;
         let mut placed = BTreeSet::new();
         for (m, _) in &batch.moves {

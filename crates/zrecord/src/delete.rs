@@ -10,7 +10,7 @@ impl Store {
     /// records may change: the record at the end moves into each hole. Durable on return.
     pub fn delete(&self, indices: &[u64]) -> Result<()> {
         let _guard = self.activity.exclusive("delete")?;
-        let mut state = self.lock_writer();
+        let mut state = self.lock_writer()?;
         self.ensure_writer(&mut state)?;
         let len = self.len();
         if let Some(&index) = indices.iter().find(|&&i| i >= len) {
@@ -19,6 +19,10 @@ impl Store {
         let mut targets = indices.to_vec();
         targets.sort_unstable_by(|a, b| b.cmp(a));
         targets.dedup();
+        if !targets.is_empty() {
+            // Other handles' reads must learn that indices change before any of them does.
+            self.epoch.bump_change();
+        }
         // Descending order: each swap pulls from the current last slot, which no later (smaller)
         // target can name.
         let mut live = len;

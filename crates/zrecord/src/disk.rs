@@ -13,8 +13,10 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+use crate::files::OPEN_FLAGS;
 
 /// One change to the files of a store, as the journal records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +27,8 @@ pub enum Change {
     Write { file: PathBuf, offset: u64, data: Vec<u8> },
     /// The file's size set (`ftruncate`).
     SetLen { file: PathBuf, len: u64 },
+    /// A byte range deallocated, reading as zeros from now on; the size is unchanged.
+    PunchHole { file: PathBuf, offset: u64, len: u64 },
     /// `fsync`/`fdatasync` of the file: its contents and size are durable.
     SyncFile { file: PathBuf },
     /// A rename (durable only after a [`Change::SyncDir`]).
@@ -194,28 +198,75 @@ impl Disk {
         self.change(|| file.sync_data(), || Change::SyncFile { file: path.to_path_buf() })
     }
 
+    /// Deallocates `len` bytes at `offset` (they read as zeros), keeping the file's size, so a
+    /// reader that maps the file never finds its pages gone (which would raise SIGBUS).
+    /// Filesystems that cannot punch holes keep the bytes: they are garbage either way.
+    pub fn punch_hole(&self, file: &File, path: &Path, offset: u64, len: u64) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.change(
+            || {
+                use rustix::fs::FallocateFlags;
+                let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+                match rustix::fs::fallocate(file, flags, offset, len) {
+                    Err(e) if e == rustix::io::Errno::OPNOTSUPP => Ok(()),
+                    other => other.map_err(io::Error::from),
+                }
+            },
+            || Change::PunchHole { file: path.to_path_buf(), offset, len },
+        )
+    }
+
     /// Opens `path` read-write, creating it if it does not exist; says whether it was created.
+    /// Never follows a symbolic link and never blocks on a FIFO (the caller checks the kind).
     pub fn open_or_create(&self, path: &Path) -> io::Result<(File, bool)> {
-        match OpenOptions::new().read(true).write(true).open(path) {
+        let open = || OpenOptions::new().read(true).write(true).custom_flags(OPEN_FLAGS).clone();
+        match open().open(path) {
             Ok(f) => Ok((f, false)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => self.change(
-                || {
-                    let f =
-                        OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
-                    Ok((f, true))
-                },
+                || Ok((open().create_new(true).open(path)?, true)),
                 || Change::Create { file: path.to_path_buf() },
             ),
             Err(e) => Err(e),
         }
     }
 
-    /// Creates (or empties) `path` for writing.
-    pub fn create_truncated(&self, path: &Path) -> io::Result<File> {
+    /// Creates `path` anew for writing: a leftover file or symbolic link of that name is
+    /// removed first (`unlink` never follows a link), and the creation is exclusive, so what is
+    /// written lands in a new file inside the directory and nowhere else.
+    pub fn create_exclusive(&self, path: &Path) -> io::Result<File> {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         self.change(
-            || OpenOptions::new().write(true).create(true).truncate(true).open(path),
+            || {
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .custom_flags(OPEN_FLAGS)
+                    .open(path)
+            },
             || Change::Create { file: path.to_path_buf() },
         )
+    }
+
+    /// Renames `from` to `to` unless `to` exists; `Ok(false)` if it does.
+    pub fn rename_noreplace(&self, from: &Path, to: &Path) -> io::Result<bool> {
+        let result = self.change(
+            || {
+                use rustix::fs::{renameat_with, RenameFlags, CWD};
+                renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE).map_err(io::Error::from)
+            },
+            || Change::Rename { from: from.to_path_buf(), to: to.to_path_buf() },
+        );
+        match result {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// `rename`.

@@ -47,6 +47,10 @@ pub enum Error {
     /// flight, any call while `delete`/`compact` runs, or a write while another process (or
     /// another handle in this one) holds the writer lock.
     Busy(String),
+    /// Another handle or process changed what this handle's indices name (deleted records,
+    /// replaced or removed the store) since this handle last looked; the handle must accept the
+    /// new state (`Store::refresh`) or be opened again before it reads or writes.
+    Changed(String),
     /// A `zstd_dict` record or append in a store without `dict.zr`.
     MissingDictionary {
         /// The store directory.
@@ -87,6 +91,7 @@ impl fmt::Display for Error {
                 write!(f, "{what} limit exceeded: {requested} requested, the limit is {limit}")
             }
             Error::Busy(why) => write!(f, "store is busy: {why}"),
+            Error::Changed(why) => write!(f, "store changed: {why}"),
             Error::MissingDictionary { path } => write!(
                 f,
                 "store {} has no dictionary (dict.zr): train one before using codec zstd_dict",

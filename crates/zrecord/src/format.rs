@@ -29,6 +29,22 @@ pub const META_BYTES: u64 = HEADER_BYTES + MAX_RECORDS * ENTRY_BYTES;
 pub const META_FILE: &str = "meta.zr";
 /// Name of the dictionary file.
 pub const DICT_FILE: &str = "dict.zr";
+/// Largest `dict.zr` this engine reads or trains (32 MiB; zstd dictionaries are usually
+/// kilobytes, and a store's own converters train at most 110 KiB).
+pub const MAX_DICT_BYTES: u64 = 32 << 20;
+/// Name of the change-counter file shared by every handle of a store.
+pub const EPOCH_FILE: &str = "gen.zr";
+/// Size of `gen.zr`.
+pub const EPOCH_BYTES: u64 = 64;
+/// Magic bytes at the start of `gen.zr`.
+pub const EPOCH_MAGIC: [u8; 4] = *b"ZGEN";
+/// The `gen.zr` version this engine reads and writes.
+pub const EPOCH_VERSION: u16 = 1;
+/// What a delete (or a replacement) adds to the epoch: its high 32 bits count changes of what
+/// the indices name; the low 32 bits count compaction moves, which keep every index's record.
+pub const EPOCH_CHANGE: u64 = 1 << 32;
+/// What one compaction batch adds to the epoch.
+pub const EPOCH_MOVE: u64 = 1;
 
 /// Name of chunk file `id`.
 pub fn chunk_file_name(id: u64) -> String {
@@ -42,6 +58,9 @@ const _: () = assert!(std::mem::size_of::<Header>() == HEADER_BYTES as usize);
 const _: () = assert!(std::mem::size_of::<RecordLoc>() == ENTRY_BYTES as usize);
 const _: () = assert!(std::mem::align_of::<RecordLoc>() <= 16);
 const _: () = assert!(std::mem::offset_of!(Header, length) == 12);
+const _: () = assert!(std::mem::size_of::<EpochHeader>() == EPOCH_BYTES as usize);
+const _: () = assert!(std::mem::offset_of!(EpochHeader, epoch) == 8);
+const _: () = assert!(std::mem::offset_of!(EpochHeader, retired) == 16);
 
 /// ## Format
 /// Bytes 0..16 of `meta.zr`: `magic[4] | version u16 | tail_chunk u16 | tail_offset u32 | length u32`.
@@ -64,6 +83,47 @@ impl Header {
     /// The header of a new, empty store.
     pub fn empty() -> Self {
         Header { magic: MAGIC, version: VERSION, tail_chunk: 0, tail_offset: 0, length: 0 }
+    }
+}
+
+/// ## Format
+/// `gen.zr` (a loaderx extension, see docs/FORMAT.md): `magic "ZGEN" | version u16 = 1 |
+/// reserved u16 | epoch u64 | retired u64 | reserved [u64; 5]`. Used in place over a shared map:
+/// `epoch` and `retired` are atomics that every handle of the store reads.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct EpochHeader {
+    /// Always [`EPOCH_MAGIC`].
+    pub magic: [u8; 4],
+    /// Always [`EPOCH_VERSION`].
+    pub version: u16,
+    /// Written as zero.
+    pub reserved: u16,
+    /// Changes (high 32 bits) and compaction moves (low 32 bits) since the file was made.
+    pub epoch: u64,
+    /// Nonzero once the store was replaced or removed: no handle may write it any more.
+    pub retired: u64,
+    /// Written as zero.
+    pub reserved_tail: [u64; 5],
+}
+
+impl EpochHeader {
+    /// The contents of a new `gen.zr`.
+    pub fn new() -> Self {
+        EpochHeader {
+            magic: EPOCH_MAGIC,
+            version: EPOCH_VERSION,
+            reserved: 0,
+            epoch: 0,
+            retired: 0,
+            reserved_tail: [0; 5],
+        }
+    }
+}
+
+impl Default for EpochHeader {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

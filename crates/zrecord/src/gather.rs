@@ -1,6 +1,8 @@
-//! `gather` and `lengths`: the read path. Lock-free: it loads the published length once, reads
-//! table entries by value and copies or decompresses each record straight into its slice of the
-//! caller's destination, sharded across the pool in contiguous blocks.
+//! `gather` and `lengths`: the read path. Lock-free: it loads the length once, reads table
+//! entries by value and copies or decompresses each record straight into its slice of the
+//! caller's destination, sharded across the pool in contiguous blocks. Each call runs inside
+//! `Store::consistent_read`, which refuses a view another handle's delete invalidated and reads
+//! again when another process's compaction moved bytes during the call.
 
 use crate::codec::Decoder;
 use crate::error::{Error, Result};
@@ -29,9 +31,12 @@ impl Store {
                 dst_offsets.len()
             )));
         }
-        let locs = self.entries(indices)?;
-        let mut slots = split_destination(&self.meta_path, dst, indices, &locs, dst_offsets)?;
-        self.read_slots(&mut slots, usize::MAX)
+        self.consistent_read(|| {
+            let locs = self.entries(indices)?;
+            let mut slots =
+                split_destination(&self.meta_path, &mut *dst, indices, &locs, dst_offsets)?;
+            self.read_slots(&mut slots, usize::MAX)
+        })
     }
 
     /// Reads record `indices[i]` into `dst[i * record_len..][..record_len]`: the fixed-stride
@@ -57,28 +62,30 @@ impl Store {
                 want.map_or_else(|| "more than fits in memory".to_string(), |n| n.to_string())
             )));
         }
-        let locs = self.entries(indices)?;
-        if let Some((&index, loc)) =
-            indices.iter().zip(&locs).find(|(_, loc)| loc.logic_length as usize != record_len)
-        {
-            return Err(Error::corrupt(
-                &self.meta_path,
-                format!(
-                    "record {index} holds {} bytes where every record of this dataset \
-                     holds {record_len}",
-                    loc.logic_length
-                ),
-            ));
-        }
-        if record_len == 0 {
-            return Ok(());
-        }
-        let mut slots: Vec<Slot<'_>> = dst
-            .chunks_exact_mut(record_len)
-            .zip(indices.iter().zip(locs))
-            .map(|(dst, (&index, loc))| Slot { index, loc, dst })
-            .collect();
-        self.read_slots(&mut slots, max_shards)
+        self.consistent_read(|| {
+            let locs = self.entries(indices)?;
+            if let Some((&index, loc)) =
+                indices.iter().zip(&locs).find(|(_, loc)| loc.logic_length as usize != record_len)
+            {
+                return Err(Error::corrupt(
+                    &self.meta_path,
+                    format!(
+                        "record {index} holds {} bytes where every record of this dataset \
+                         holds {record_len}",
+                        loc.logic_length
+                    ),
+                ));
+            }
+            if record_len == 0 {
+                return Ok(());
+            }
+            let mut slots: Vec<Slot<'_>> = dst
+                .chunks_exact_mut(record_len)
+                .zip(indices.iter().zip(locs))
+                .map(|(dst, (&index, loc))| Slot { index, loc, dst })
+                .collect();
+            self.read_slots(&mut slots, max_shards)
+        })
     }
 
     /// Fills every slot, sharded across the pool.
@@ -107,7 +114,7 @@ impl Store {
     /// Logical length of each record.
     pub fn lengths(&self, indices: &[u64]) -> Result<Vec<u32>> {
         let _guard = self.activity.shared("lengths")?;
-        Ok(self.entries(indices)?.iter().map(|loc| loc.logic_length).collect())
+        self.consistent_read(|| Ok(self.entries(indices)?.iter().map(|l| l.logic_length).collect()))
     }
 
     /// The table entry of every index, read against one load of the published length.

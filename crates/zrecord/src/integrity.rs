@@ -42,7 +42,7 @@ impl Store {
     /// A record that cannot be decoded fails the call, naming it. Needs exclusive access.
     pub fn enable_checksums(&self) -> Result<u64> {
         let _guard = self.activity.exclusive("enable_checksums")?;
-        let mut state = self.lock_writer();
+        let mut state = self.lock_writer()?;
         self.ensure_writer(&mut state)?;
         if self.has_checksums() {
             return Ok(0);
@@ -73,6 +73,10 @@ impl Store {
     /// (closed store, exclusive operation in progress).
     pub fn verify(&self) -> Result<VerifyReport> {
         let _guard = self.activity.shared("verify")?;
+        self.consistent_read(|| self.verify_once())
+    }
+
+    fn verify_once(&self) -> Result<VerifyReport> {
         let len = self.len();
         let sums = self.sums.get();
         let dict = self.dictionary();

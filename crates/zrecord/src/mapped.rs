@@ -1,18 +1,22 @@
-//! Every `unsafe` block of the engine lives here: the mmap of `meta.zr`, read-only maps of chunk
-//! files and of `sums.zr`, and the slot table that hands out chunk handles without a lock.
+//! The engine's `unsafe` blocks that touch memory (besides the pool's slot and the fork handler):
+//! the mmap of `meta.zr`, the shared counters of `gen.zr`, read-only maps of chunk files and of
+//! `sums.zr`, and the slot table that hands out chunk handles without a lock.
 //!
 //! The rest of the crate sees safe types: [`MetaMap`] reads the header through atomics and table
-//! entries by value, [`ChunkMap`] yields byte slices only inside the file's known size, and
-//! [`Slots`] yields references that live as long as the slot table.
+//! entries by value, [`EpochMap`] exposes its counters as atomics, [`ChunkMap`] yields byte
+//! slices only inside the file's known size, and [`Slots`] yields references that live as long
+//! as the slot table.
 
 use std::fs::File;
+use std::marker::PhantomData;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
 
-use crate::format::{Header, RecordLoc, HEADER_BYTES, MAX_RECORDS, META_BYTES};
+use crate::format::{
+    EpochHeader, Header, RecordLoc, EPOCH_BYTES, HEADER_BYTES, MAX_RECORDS, META_BYTES,
+};
 use crate::sums::{SumEntry, SUMS_BYTES, SUMS_HEADER_BYTES};
 
 /// `meta.zr` mapped whole, shared with the file (writes through `pwrite` are visible here).
@@ -54,6 +58,12 @@ impl MetaMap {
         }
     }
 
+    /// The header's length word alone, with `Acquire`: one load, for readers that follow the
+    /// writer's syncs live.
+    pub fn length(&self) -> u32 {
+        self.header_words()[3].load(Ordering::Acquire)
+    }
+
     /// Stores the tail and then, with `Release`, the length. Magic and version are left alone.
     /// Needs a writable map; the caller checks.
     pub fn store_tail_and_length(&self, tail_chunk: u16, tail_offset: u32, length: u32) {
@@ -79,6 +89,39 @@ impl MetaMap {
     /// `msync` of the header page.
     pub fn flush_header(&self) -> std::io::Result<()> {
         self.map.flush_range(0, HEADER_BYTES as usize)
+    }
+}
+
+/// `gen.zr` mapped whole and shared with every handle of the store, in every process.
+pub struct EpochMap {
+    map: MmapRaw,
+}
+
+impl EpochMap {
+    /// Maps `file`, which the caller has checked is exactly [`EPOCH_BYTES`] long.
+    pub fn new(file: &File, writable: bool) -> std::io::Result<Self> {
+        let mut opts = MmapOptions::new();
+        opts.len(EPOCH_BYTES as usize);
+        let map = if writable { opts.map_raw(file)? } else { opts.map_raw_read_only(file)? };
+        Ok(EpochMap { map })
+    }
+
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(offset.is_multiple_of(8) && offset + 8 <= EPOCH_BYTES as usize);
+        // SAFETY: the map is page aligned and EPOCH_BYTES long, so `offset` (a multiple of 8
+        // inside it, from the two callers below) is an aligned u64 for the map's whole life;
+        // atomics are how memory that other processes write is read and written.
+        unsafe { &*(self.map.as_ptr().add(offset) as *const AtomicU64) }
+    }
+
+    /// The change counter (see docs/FORMAT.md, `gen.zr`).
+    pub fn epoch(&self) -> &AtomicU64 {
+        self.word(std::mem::offset_of!(EpochHeader, epoch))
+    }
+
+    /// Nonzero once the store was replaced or removed.
+    pub fn retired(&self) -> &AtomicU64 {
+        self.word(std::mem::offset_of!(EpochHeader, retired))
     }
 }
 
@@ -134,46 +177,108 @@ impl ChunkMap {
 }
 
 /// A fixed table of optional, lazily created values that readers reach without a lock.
-/// Values are never freed before the table: a cleared slot moves its value to a graveyard.
+/// Values are never freed before the table: a cleared slot moves its value to a graveyard (a
+/// lock-free list), which is emptied when the table drops. Nothing here takes a lock, so a
+/// process forked while another thread was inside it can go on using it.
 pub struct Slots<T> {
     slots: Box<[AtomicPtr<T>]>,
-    owned: Mutex<Vec<Box<T>>>,
+    graveyard: AtomicPtr<Grave<T>>,
+    /// Owns `T`s and hands out `&T` across threads: Send needs `T: Send`, Sync `T: Send + Sync`.
+    _owns: PhantomData<(Box<T>, std::sync::Mutex<T>)>,
+}
+
+struct Grave<T> {
+    value: *mut T,
+    next: *mut Grave<T>,
 }
 
 impl<T> Slots<T> {
     /// `n` empty slots.
     pub fn new(n: usize) -> Self {
         let slots = (0..n).map(|_| AtomicPtr::new(ptr::null_mut())).collect();
-        Slots { slots, owned: Mutex::new(Vec::new()) }
+        Slots { slots, graveyard: AtomicPtr::new(ptr::null_mut()), _owns: PhantomData }
     }
 
     /// The value in slot `i`, if set.
     pub fn get(&self, i: usize) -> Option<&T> {
         let p = self.slots.get(i)?.load(Ordering::Acquire);
-        // SAFETY: a non-null slot points into a Box held by `owned`; boxes are only dropped with
-        // `self`, so the value outlives the returned borrow of `self`.
+        // SAFETY: a non-null slot holds a pointer from Box::into_raw that is freed only when
+        // the table drops (a cleared value goes to the graveyard), so it outlives `&self`.
         (!p.is_null()).then(|| unsafe { &*p })
     }
 
-    /// Sets slot `i` unless it is already set, returning the value now there. Callers serialize
-    /// `get_or_insert` for the same slot (the creator holds a mutex).
+    /// Sets slot `i` unless it is already set, returning the value now there (a racing insert
+    /// that lost drops its own value, which nobody has seen).
     pub fn insert(&self, i: usize, value: T) -> &T {
-        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(v) = self.get(i) {
-            return v;
+        let fresh = Box::into_raw(Box::new(value));
+        match self.slots[i].compare_exchange(
+            ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // SAFETY: `fresh` is now owned by the table, which frees it only when it drops.
+            Ok(_) => unsafe { &*fresh },
+            Err(winner) => {
+                // SAFETY: `fresh` lost the race, so no other thread has seen it: we still own
+                // it. `winner` is a live slot value, kept until the table drops.
+                unsafe {
+                    drop(Box::from_raw(fresh));
+                    &*winner
+                }
+            }
         }
-        let mut boxed = Box::new(value);
-        let p: *mut T = &mut *boxed;
-        owned.push(boxed);
-        self.slots[i].store(p, Ordering::Release);
-        // SAFETY: `p` points into the box just moved into `owned`, alive as long as `self`.
-        unsafe { &*p }
     }
 
-    /// Empties slot `i`. The value stays alive (unreachable) until the table drops.
-    pub fn clear(&self, i: usize) {
-        if let Some(s) = self.slots.get(i) {
-            s.store(ptr::null_mut(), Ordering::Release);
+    /// Empties slot `i` if it still holds `expected` (or anything, when `expected` is None).
+    /// The value stays alive, unreachable, until the table drops.
+    pub fn clear(&self, i: usize, expected: Option<&T>) {
+        let Some(slot) = self.slots.get(i) else { return };
+        let old = match expected {
+            None => slot.swap(ptr::null_mut(), Ordering::AcqRel),
+            Some(e) => {
+                let e = e as *const T as *mut T;
+                match slot.compare_exchange(e, ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(p) => p,
+                    Err(_) => return,
+                }
+            }
+        };
+        if old.is_null() {
+            return;
+        }
+        let grave = Box::into_raw(Box::new(Grave { value: old, next: ptr::null_mut() }));
+        let mut head = self.graveyard.load(Ordering::Acquire);
+        loop {
+            // SAFETY: `grave` is ours until the exchange below publishes it.
+            unsafe { (*grave).next = head };
+            match self.graveyard.compare_exchange(head, grave, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(now) => head = now,
+            }
+        }
+    }
+}
+
+impl<T> Drop for Slots<T> {
+    fn drop(&mut self) {
+        for slot in self.slots.iter() {
+            let p = slot.swap(ptr::null_mut(), Ordering::AcqRel);
+            if !p.is_null() {
+                // SAFETY: with `&mut self` no borrow of a value is alive; each pointer came from
+                // Box::into_raw and is in exactly one place (a slot or a grave).
+                drop(unsafe { Box::from_raw(p) });
+            }
+        }
+        let mut grave = *self.graveyard.get_mut();
+        while !grave.is_null() {
+            // SAFETY: as above; graves are freed once each, walking the list.
+            let g = unsafe { Box::from_raw(grave) };
+            // SAFETY: as above.
+            drop(unsafe { Box::from_raw(g.value) });
+            grave = g.next;
         }
     }
 }

@@ -3,32 +3,46 @@
 //! `compact.rs`.
 //!
 //! ## Visibility and durability
-//! Appended records are visible to every thread of this handle as soon as `append` returns (the
-//! in-memory length is published atomically). The length in `meta.zr`'s header, which other
-//! processes and later opens read, is advanced only by [`Store::sync`] (and `close`), after the
-//! chunk data and the table entries are on disk, so a crash of any kind leaves a header whose
-//! records are all intact.
+//! Appended records are visible to every thread of the writing handle as soon as `append`
+//! returns (its in-memory length is published atomically). The length in `meta.zr`'s header is
+//! advanced only by [`Store::sync`] (and `close`), after the chunk data and the table entries are
+//! on disk, so a crash of any kind leaves a header whose records are all intact. Every other
+//! handle, in this process or another, reads that header's length live through its shared map:
+//! what a writer syncs is visible to all of them at once.
+//!
+//! ## Other handles
+//! The writer state (length, frontier) is read from disk when the writer lock is taken, never
+//! earlier, so a write never starts from a stale view. Deletes and compactions by other handles
+//! are announced through `gen.zr` (`epoch.rs`): a read notices them with two atomic loads.
 
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use crate::access::{Activity, WriterLock};
+use crate::access::{inherited_handle, Activity, WriterLock};
 use crate::chunks::ChunkSet;
 use crate::codec::Dictionary;
 use crate::disk::Disk;
+use crate::epoch::Epoch;
 use crate::error::{Error, Result};
 use crate::failpoint::Failpoints;
+use crate::files::{self, OPEN_FLAGS};
+use crate::fork;
 use crate::format::{
-    Codec, Header, RecordLoc, CHUNK_CAPACITY, DICT_FILE, MAGIC, MAX_CHUNKS, MAX_RECORDS,
-    META_BYTES, META_FILE, VERSION,
+    Codec, Header, RecordLoc, CHUNK_CAPACITY, DICT_FILE, MAGIC, MAX_CHUNKS, MAX_DICT_BYTES,
+    MAX_RECORDS, MAX_RECORD_BYTES, META_BYTES, META_FILE, VERSION,
 };
 use crate::mapped::MetaMap;
 use crate::published::PublishedLen;
 use crate::sums::Sums;
+
+/// How often a read that overlapped another process's compaction is tried again before it
+/// gives up with `Busy` (each batch of moves invalidates at most the reads running across it).
+const READ_ATTEMPTS: usize = 1000;
 
 /// How to open a store.
 #[derive(Clone, Debug)]
@@ -84,7 +98,19 @@ pub struct Store {
     pub(crate) meta_path: PathBuf,
     pub(crate) meta_file: File,
     pub(crate) meta: MetaMap,
+    /// (device, inode) of the `meta.zr` this handle maps.
+    meta_identity: (u64, u64),
+    /// The writer's length, ahead of the header by its unsynced appends. Other handles read
+    /// the header's.
     pub(crate) len: PublishedLen,
+    /// Whether this handle holds the writer lock (then `len` is the length).
+    writing: AtomicBool,
+    /// Deletes and compactions by other handles (`gen.zr`).
+    pub(crate) epoch: Epoch,
+    /// The header length at the last attempt to map a `gen.zr` that did not exist.
+    epoch_tried_at: AtomicU32,
+    /// The fork epoch the handle was opened in (see `fork.rs`).
+    fork_epoch: u64,
     pub(crate) chunks: ChunkSet,
     pub(crate) dict: OnceLock<Arc<Dictionary>>,
     pub(crate) writer: Mutex<WriterState>,
@@ -125,6 +151,7 @@ impl Store {
         if !meta_path.exists() {
             create_meta(&disk, &dir, &meta_path)?;
         }
+        let fork_epoch = fork::epoch();
         let (meta_file, read_only_errno) = open_meta(&meta_path)?;
         let writable = read_only_errno.is_none();
         let size = meta_file.metadata().map_err(|e| Error::io(&meta_path, e))?.len();
@@ -134,15 +161,23 @@ impl Store {
                 format!("meta.zr is {size} bytes, a store's is always {META_BYTES}"),
             ));
         }
+        let meta_identity = files::identity(&meta_file).map_err(|e| Error::io(&meta_path, e))?;
         let meta = MetaMap::new(&meta_file, writable).map_err(|e| Error::io(&meta_path, e))?;
         let header = meta.header();
         check_header(&header, &meta_path, options.chunk_capacity)?;
+        check_last_entry(&meta, &meta_file, &header, &meta_path, options.chunk_capacity)?;
+        let epoch = Epoch::open(&dir, &disk, writable)?;
         // Failpoints is a unit struct without the `testing` feature.
         #[allow(clippy::default_constructed_unit_structs)]
         let store = Store {
             chunks: ChunkSet::new(&dir, options.chunk_capacity, writable, Arc::clone(&disk)),
             disk,
             len: PublishedLen::new(header.length),
+            writing: AtomicBool::new(false),
+            epoch,
+            epoch_tried_at: AtomicU32::new(header.length),
+            fork_epoch,
+            meta_identity,
             writer: Mutex::new(WriterState {
                 tail_chunk: u64::from(header.tail_chunk),
                 tail_offset: u64::from(header.tail_offset),
@@ -164,10 +199,19 @@ impl Store {
             read_only_errno,
         };
         store.load_dict()?;
-        if let Some(sums) = Sums::open(&store.dir, writable)? {
-            let _ = store.sums.set(sums);
-        }
+        store.load_sums()?;
         Ok(store)
+    }
+
+    /// Opens `sums.zr` if the store has one and this handle has not loaded it yet (another
+    /// process may have turned checksums on since this handle opened).
+    fn load_sums(&self) -> Result<()> {
+        if self.sums.get().is_none() {
+            if let Some(sums) = Sums::open(&self.dir, self.read_only_errno.is_none())? {
+                let _ = self.sums.set(sums);
+            }
+        }
+        Ok(())
     }
 
     /// The store directory.
@@ -175,9 +219,32 @@ impl Store {
         &self.dir
     }
 
-    /// Number of live records.
+    /// Number of live records: the writer's own count on the writing handle, the synced
+    /// header's (read live, so other handles' synced appends show at once) on every other. A
+    /// writing handle inherited across fork also sees what its parent had appended by then.
     pub fn len(&self) -> u64 {
-        u64::from(self.len.get())
+        if !self.writing.load(Ordering::Acquire) {
+            self.live_len()
+        } else if self.inherited() {
+            self.live_len().max(u64::from(self.len.get()))
+        } else {
+            u64::from(self.len.get())
+        }
+    }
+
+    /// The header's length now, clamped to the table (another process writes it).
+    fn live_len(&self) -> u64 {
+        u64::from(self.meta.length()).min(MAX_RECORDS)
+    }
+
+    /// Whether this handle holds the writer lock (a handle inherited across fork never does).
+    pub fn is_writer(&self) -> bool {
+        self.writing.load(Ordering::Acquire) && !fork::inherited(self.fork_epoch)
+    }
+
+    /// Whether this handle was inherited from the process that opened it, across `fork`.
+    fn inherited(&self) -> bool {
+        fork::inherited(self.fork_epoch)
     }
 
     /// Whether the store holds no record.
@@ -227,32 +294,127 @@ impl Store {
         &self.disk
     }
 
-    /// Table entry `index`, bounds-checked against the published length.
+    /// Table entry `index`, bounds-checked against the length.
     pub fn entry(&self, index: u64) -> Result<RecordLoc> {
-        let len = self.len();
-        if index >= len {
-            return Err(Error::IndexOutOfRange { index, len });
+        self.consistent_read(|| {
+            let len = self.len();
+            if index >= len {
+                return Err(Error::IndexOutOfRange { index, len });
+            }
+            Ok(self.meta.entry(index))
+        })
+    }
+
+    /// Runs `read` against a consistent view: refused with [`Error::Changed`] when other handles
+    /// deleted records since this handle last looked, run again when they moved records
+    /// (compaction) while it ran, and run again once after loading a dictionary that another
+    /// process trained since this handle opened.
+    pub(crate) fn consistent_read<T>(&self, mut read: impl FnMut() -> Result<T>) -> Result<T> {
+        let mut dict_reloaded = false;
+        for _ in 0..READ_ATTEMPTS {
+            let start = self.begin_read()?;
+            let out = read();
+            if !self.epoch.unchanged_since(start) {
+                continue;
+            }
+            match out {
+                Err(Error::MissingDictionary { .. }) if !dict_reloaded && !self.has_dict() => {
+                    dict_reloaded = true;
+                    self.load_dict()?;
+                    if !self.has_dict() {
+                        return Err(Error::MissingDictionary { path: self.dir.clone() });
+                    }
+                }
+                out => return out,
+            }
         }
-        Ok(self.meta.entry(index))
+        Err(Error::Busy("another process keeps moving records (compaction); try again".into()))
     }
 
-    pub(crate) fn lock_writer(&self) -> MutexGuard<'_, WriterState> {
-        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    /// The epoch a read starts at, after checking this handle's view (see `epoch.rs`).
+    fn begin_read(&self) -> Result<u64> {
+        if !self.epoch.attached() {
+            // No gen.zr when this handle opened: look again whenever a writer has synced since.
+            let now = self.meta.length();
+            if self.epoch_tried_at.swap(now, Ordering::Relaxed) != now {
+                self.epoch.attach()?;
+            }
+        }
+        self.epoch.begin(|| self.chunks.revalidate())
     }
 
-    /// Takes the writer lock for this handle if it does not hold it yet.
+    /// Accepts the store as other handles left it: after they deleted records (which makes
+    /// reads fail with [`Error::Changed`] until then), the length and every index now mean
+    /// what they mean on disk. Chunk files replaced since are reopened on next use.
+    pub fn refresh(&self) -> Result<()> {
+        self.epoch.attach()?;
+        self.epoch.accept();
+        self.chunks.revalidate();
+        self.load_dict()?;
+        self.load_sums()
+    }
+
+    /// The writer mutex. A handle inherited across fork never takes it (a parent thread may
+    /// have held it at the fork, and then it stays locked in the child forever).
+    pub(crate) fn lock_writer(&self) -> Result<MutexGuard<'_, WriterState>> {
+        if self.inherited() {
+            return Err(inherited_handle());
+        }
+        Ok(self.writer.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Takes the writer lock for this handle if it does not hold it yet, then reads the writer
+    /// state (length, frontier) from disk: whatever other handles did before, this handle
+    /// writes from what is on disk now.
     pub(crate) fn ensure_writer(&self, state: &mut WriterState) -> Result<()> {
         if let Some(errno) = self.read_only_errno {
             // The OS error that refused write access on open (EACCES, EROFS), with the file.
             return Err(Error::io(&self.meta_path, std::io::Error::from_raw_os_error(errno)));
         }
-        match &state.lock {
-            Some(lock) => lock.check_pid(),
-            None => {
-                state.lock = Some(WriterLock::acquire(&self.meta_file, &self.meta_path)?);
-                Ok(())
-            }
+        if state.lock.is_some() {
+            return Ok(());
         }
+        let lock = WriterLock::acquire(&self.meta_path, self.meta_identity)?;
+        self.epoch.attach()?;
+        if self.epoch.retired() {
+            return Err(Error::Changed(format!(
+                "the store at {} was replaced; open it again",
+                self.dir.display()
+            )));
+        }
+        self.epoch.begin(|| {})?;
+        let header = self.meta.header();
+        check_header(&header, &self.meta_path, self.chunks.capacity())?;
+        // Other writers may have removed, recreated, added or trained since this handle opened.
+        self.chunks.revalidate();
+        self.load_dict()?;
+        self.load_sums()?;
+        state.tail_chunk = u64::from(header.tail_chunk);
+        state.tail_offset = u64::from(header.tail_offset);
+        state.dirty_chunks.clear();
+        (state.dirty_table, state.dirty_sums) = (false, false);
+        self.len.publish(header.length);
+        state.lock = Some(lock);
+        self.writing.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Takes the writer lock now rather than at the first write: refused at once with
+    /// [`Error::Busy`] while another handle or process holds it.
+    pub fn lock_for_writing(&self) -> Result<()> {
+        let mut state = self.lock_writer()?;
+        self.ensure_writer(&mut state)
+    }
+
+    /// Marks the store as replaced (the caller is about to put another store in its place):
+    /// other handles' reads fail with [`Error::Changed`] and none can take the writer lock
+    /// again. Takes the writer lock, so a store another process writes is refused.
+    pub fn retire(&self) -> Result<()> {
+        let mut state = self.lock_writer()?;
+        self.ensure_writer(&mut state)?;
+        self.sync_locked(&mut state)?;
+        self.epoch.retire();
+        Ok(())
     }
 
     /// Writes table entries starting at `first` with one positional write. The pages are backed
@@ -267,14 +429,16 @@ impl Store {
     /// Makes everything appended so far durable and visible to other processes: chunk data,
     /// then table entries, then the header (tail and length), each synced before the next.
     pub fn sync(&self) -> Result<()> {
-        let mut state = self.lock_writer();
+        if self.inherited() {
+            return Ok(()); // the parent's writes are the parent's to sync
+        }
+        let mut state = self.lock_writer()?;
         self.sync_locked(&mut state)
     }
 
     pub(crate) fn sync_locked(&self, state: &mut WriterState) -> Result<()> {
-        match &state.lock {
-            None => return Ok(()),           // never wrote: nothing to make durable
-            Some(lock) => lock.check_pid()?, // a forked child must not rewrite the header
+        if state.lock.is_none() {
+            return Ok(()); // never wrote: nothing to make durable
         }
         let len = self.len.get();
         let header = self.meta.header();
@@ -324,46 +488,72 @@ impl Store {
             .map_err(|e| Error::io(&self.meta_path, e))
     }
 
-    /// Syncs what this handle wrote. The handle stays usable; dropping it syncs too, ignoring
-    /// errors, so call this to see them.
+    /// Syncs what this handle wrote and lets the writer lock go, so another handle or process
+    /// may write. The handle stays usable (a later write takes the lock again); dropping it
+    /// syncs too, ignoring errors, so call this to see them.
     pub fn close(&self) -> Result<()> {
-        self.sync()
+        if self.inherited() {
+            return Ok(());
+        }
+        let mut state = self.lock_writer()?;
+        self.sync_locked(&mut state)?;
+        self.writing.store(false, Ordering::Release);
+        state.lock = None;
+        Ok(())
     }
 
     /// Record count and space accounting. Reads every live table entry: O(records).
     pub fn stats(&self) -> Result<Stats> {
         let _guard = self.activity.shared("stats")?;
-        let (tail_chunk, tail_offset) = {
-            let s = self.lock_writer();
+        let (tail_chunk, tail_offset) = if self.is_writer() {
+            let s = self.lock_writer()?;
             (s.tail_chunk, s.tail_offset)
+        } else {
+            let h = self.meta.header();
+            (u64::from(h.tail_chunk), u64::from(h.tail_offset))
         };
-        let len = self.len();
-        let mut st = Stats { records: len, ..Stats::default() };
-        for i in 0..len {
-            let e = self.meta.entry(i);
-            st.live_bytes += u64::from(e.phys_length);
-            st.logical_bytes += u64::from(e.logic_length);
-            st.compressed_records += u64::from(e.codec != Codec::Raw as u8);
-        }
+        let mut st = self.consistent_read(|| {
+            let len = self.len();
+            let mut st = Stats { records: len, ..Stats::default() };
+            for i in 0..len {
+                let e = self.meta.entry(i);
+                st.live_bytes += u64::from(e.phys_length);
+                st.logical_bytes += u64::from(e.logic_length);
+                st.compressed_records += u64::from(e.codec != Codec::Raw as u8);
+            }
+            Ok(st)
+        })?;
         st.chunk_bytes = tail_chunk * self.chunks.capacity() + tail_offset;
         st.reclaimable = st.chunk_bytes.saturating_sub(st.live_bytes);
         st.chunks = if st.chunk_bytes == 0 { 0 } else { tail_chunk + u64::from(tail_offset > 0) };
         Ok(st)
     }
 
-    fn load_dict(&self) -> Result<()> {
-        let path = self.dir.join(DICT_FILE);
-        match std::fs::read(&path) {
-            Ok(raw) => {
-                let dict = Dictionary::new(raw).ok_or_else(|| {
-                    Error::corrupt(&path, "dict.zr is not a dictionary zstd accepts")
-                })?;
-                let _ = self.dict.set(Arc::new(dict));
-                Ok(())
-            }
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io(&path, e)),
+    /// Loads `dict.zr` if the store has one and this handle has not loaded it yet. Its size is
+    /// checked against [`MAX_DICT_BYTES`] before anything is allocated; only the decoding side
+    /// is prepared here (milliseconds even for megabytes), the encoding side on first use.
+    pub(crate) fn load_dict(&self) -> Result<()> {
+        if self.has_dict() {
+            return Ok(());
         }
+        let path = self.dir.join(DICT_FILE);
+        let Some(file) = files::open_existing(&path, false)? else { return Ok(()) };
+        let size = file.metadata().map_err(|e| Error::io(&path, e))?.len();
+        if size > MAX_DICT_BYTES {
+            return Err(Error::corrupt(
+                &path,
+                format!("dict.zr is {size} bytes, over the {MAX_DICT_BYTES}-byte limit"),
+            ));
+        }
+        let mut raw = Vec::with_capacity(size as usize);
+        file.take(MAX_DICT_BYTES + 1).read_to_end(&mut raw).map_err(|e| Error::io(&path, e))?;
+        if raw.len() as u64 != size {
+            return Err(Error::corrupt(&path, "dict.zr changed size while it was read"));
+        }
+        let dict = Dictionary::new(raw)
+            .ok_or_else(|| Error::corrupt(&path, "dict.zr is not a dictionary zstd accepts"))?;
+        let _ = self.dict.set(Arc::new(dict));
+        Ok(())
     }
 
     pub(crate) fn dictionary(&self) -> Option<&Dictionary> {
@@ -376,7 +566,12 @@ impl Store {
     /// against the first one could no longer be read.
     pub fn train_dict(&self, samples: &[u8], sizes: &[usize], target: usize) -> Result<usize> {
         let _guard = self.activity.shared("train_dict")?;
-        let mut state = self.lock_writer();
+        if target == 0 || target as u64 > MAX_DICT_BYTES {
+            return Err(Error::invalid(format!(
+                "dictionary target size must be in 1..={MAX_DICT_BYTES} bytes, got {target}"
+            )));
+        }
+        let mut state = self.lock_writer()?;
         self.ensure_writer(&mut state)?;
         if self.has_dict() {
             return Err(Error::invalid(format!(
@@ -390,9 +585,6 @@ impl Store {
                 "sample sizes add up to {total} bytes but {} bytes of samples were given",
                 samples.len()
             )));
-        }
-        if target == 0 {
-            return Err(Error::invalid("dictionary target size must be positive"));
         }
         let raw = crate::codec::train(samples, sizes, target)
             .map_err(|e| Error::invalid(format!("dictionary training failed: {e}")))?;
@@ -415,7 +607,9 @@ const _: fn() = || {
 
 impl Drop for Store {
     fn drop(&mut self) {
-        let _ = self.sync();
+        if !self.inherited() {
+            let _ = self.sync();
+        }
     }
 }
 
@@ -443,19 +637,63 @@ fn check_header(h: &Header, path: &Path, capacity: u64) -> Result<()> {
     Ok(())
 }
 
-/// Opens `meta.zr` read-write, or read-only with the errno that refused writing.
+/// The last live entry must be one a writer could have written: a valid codec and sizes, below
+/// the frontier, and on a page of `meta.zr` that holds data (a header length past the records
+/// ever written points into the file's holes). O(1): one entry and one `SEEK_DATA`.
+fn check_last_entry(
+    meta: &MetaMap,
+    file: &File,
+    h: &Header,
+    path: &Path,
+    capacity: u64,
+) -> Result<()> {
+    let Some(last) = u64::from(h.length).checked_sub(1) else { return Ok(()) };
+    let e = meta.entry(last);
+    let (chunk, end) = (u64::from(e.chunk_id), u64::from(e.offset) + u64::from(e.phys_length));
+    let frontier = (u64::from(h.tail_chunk), u64::from(h.tail_offset));
+    let plausible = Codec::from_tag(e.codec).is_some()
+        && u64::from(e.logic_length) <= MAX_RECORD_BYTES
+        && (e.codec != Codec::Raw as u8 || e.phys_length == e.logic_length)
+        && end <= capacity
+        && (chunk < frontier.0 || (chunk == frontier.0 && end <= frontier.1));
+    let page = crate::format::entry_position(last) & !4095;
+    let on_data = match rustix::fs::seek(file, rustix::fs::SeekFrom::Data(page)) {
+        Ok(at) => at < page + 4096,
+        Err(rustix::io::Errno::NXIO) => false,
+        Err(_) => true, // no hole support: nothing to learn here
+    };
+    if plausible && on_data {
+        return Ok(());
+    }
+    Err(Error::corrupt(
+        path,
+        format!(
+            "the header counts {} records but entry {last} was never written by a store              writer{}",
+            h.length,
+            if on_data { " (its location lies outside the data)" } else { "" }
+        ),
+    ))
+}
+
+/// Opens `meta.zr` read-write, or read-only with the errno that refused writing. Never follows a
+/// symbolic link; anything but a regular file is a corrupt store.
 fn open_meta(path: &Path) -> Result<(File, Option<i32>)> {
-    match OpenOptions::new().read(true).write(true).open(path) {
-        Ok(f) => Ok((f, None)),
+    let open = |write: bool| {
+        OpenOptions::new().read(true).write(write).custom_flags(OPEN_FLAGS).open(path)
+    };
+    let (file, errno) = match open(true) {
+        Ok(f) => (f, None),
         Err(e)
             if e.kind() == ErrorKind::PermissionDenied
                 || e.kind() == ErrorKind::ReadOnlyFilesystem =>
         {
-            let f = File::open(path).map_err(|e| Error::io(path, e))?;
-            Ok((f, Some(e.raw_os_error().unwrap_or(libc::EACCES))))
+            let f = open(false).map_err(|e| files::refused(path, e))?;
+            (f, Some(e.raw_os_error().unwrap_or(libc::EACCES)))
         }
-        Err(e) => Err(Error::io(path, e)),
-    }
+        Err(e) => return Err(files::refused(path, e)),
+    };
+    files::check_regular(&file, path)?;
+    Ok((file, errno))
 }
 
 /// Creates `meta.zr` atomically: a sparse file with an empty header is built under a temporary
@@ -463,7 +701,7 @@ fn open_meta(path: &Path) -> Result<(File, Option<i32>)> {
 fn create_meta(disk: &Disk, dir: &Path, meta_path: &Path) -> Result<()> {
     let tmp = dir.join(format!(".meta.zr.{}.tmp", std::process::id()));
     let build = || -> std::io::Result<()> {
-        let f = disk.create_truncated(&tmp)?;
+        let f = disk.create_exclusive(&tmp)?;
         disk.set_len(&f, &tmp, META_BYTES)?;
         disk.write_at(&f, &tmp, 0, bytemuck::bytes_of(&Header::empty()))?;
         disk.sync_file(&f, &tmp)
@@ -488,7 +726,7 @@ pub(crate) fn write_durably(
 ) -> Result<()> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     let write = || -> std::io::Result<()> {
-        let f = disk.create_truncated(&tmp)?;
+        let f = disk.create_exclusive(&tmp)?;
         if len > data.len() as u64 {
             disk.set_len(&f, &tmp, len)?;
         }

@@ -88,11 +88,7 @@ impl Sums {
     /// Opens `sums.zr` in `dir` if there is one.
     pub fn open(dir: &Path, writable: bool) -> Result<Option<Sums>> {
         let path = dir.join(SUMS_FILE);
-        let file = match std::fs::OpenOptions::new().read(true).write(writable).open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(Error::io(&path, e)),
-        };
+        let Some(file) = crate::files::open_existing(&path, writable)? else { return Ok(None) };
         let size = file.metadata().map_err(|e| Error::io(&path, e))?.len();
         if size != SUMS_BYTES {
             return Err(Error::corrupt(&path, format!("{size} bytes, sums.zr is {SUMS_BYTES}")));

@@ -61,6 +61,16 @@ impl Image {
         self.len = self.len.max(offset + data.len() as u64);
     }
 
+    /// Zeroes `len` bytes at `offset` inside the file, keeping its size (a punched hole).
+    pub fn punch(&mut self, offset: u64, len: u64) -> Vec<u8> {
+        let end = (offset + len).min(self.len);
+        let zeros = vec![0u8; end.saturating_sub(offset) as usize];
+        if !zeros.is_empty() {
+            self.write(offset, &zeros);
+        }
+        zeros
+    }
+
     pub fn set_len(&mut self, len: u64) {
         if len < self.len {
             self.pages.retain(|&p, _| p * PAGE < len);
@@ -165,6 +175,11 @@ impl World {
                 let inode = self.inode(file);
                 inode.current.set_len(*len);
                 inode.pending.push(Pending::SetLen(*len));
+            }
+            Change::PunchHole { file, offset, len } => {
+                let inode = self.inode(file);
+                let zeros = inode.current.punch(*offset, *len);
+                inode.pending.push(Pending::Write(*offset, zeros));
             }
             Change::SyncFile { file } => {
                 let inode = self.inode(file);

@@ -1,0 +1,202 @@
+//! Whether the store changed under this handle: the shared counters of `gen.zr`.
+//!
+//! Readers take no lock, and other handles (in this process or another) may delete records or
+//! compact the store while they read. `gen.zr` (docs/FORMAT.md) holds one 64-bit *epoch* that
+//! every writer advances before it changes what a reader may be looking at:
+//!
+//! - a delete or a replacement of the store adds [`EPOCH_CHANGE`]: indices now name other
+//!   records, so a handle whose view predates it gets [`Error::Changed`] until it accepts the
+//!   new state ([`Epoch::accept`], `Store::refresh`);
+//! - a compaction adds [`EPOCH_MOVE`] before each batch of moves: every index keeps its record,
+//!   only the bytes move, so a read that overlapped a move is simply read again.
+//!
+//! A read loads the epoch once before and once after (a seqlock without the writer's odd
+//! state): two loads of a cache line that changes only when a writer does one of the above.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use crate::disk::Disk;
+use crate::error::{Error, Result};
+use crate::files;
+use crate::format::{
+    EpochHeader, EPOCH_BYTES, EPOCH_CHANGE, EPOCH_FILE, EPOCH_MAGIC, EPOCH_VERSION,
+};
+use crate::mapped::EpochMap;
+
+const MOVES: u64 = EPOCH_CHANGE - 1;
+
+/// A handle's view of `gen.zr`.
+pub struct Epoch {
+    path: PathBuf,
+    writable: bool,
+    map: OnceLock<EpochMap>,
+    /// The epoch this handle's view matches.
+    seen: AtomicU64,
+}
+
+impl Epoch {
+    /// Opens `gen.zr` in `dir`, creating it first when the store is writable (best effort: a
+    /// directory we may not write into leaves the store without one until a writer makes it).
+    pub fn open(dir: &Path, disk: &Disk, writable: bool) -> Result<Epoch> {
+        let epoch = Epoch {
+            path: dir.join(EPOCH_FILE),
+            writable,
+            map: OnceLock::new(),
+            seen: AtomicU64::new(0),
+        };
+        if writable {
+            match create(dir, &epoch.path, disk) {
+                Err(Error::Io { .. }) | Ok(()) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if epoch.attach()? {
+            epoch.seen.store(epoch.current(), Ordering::Relaxed);
+        }
+        Ok(epoch)
+    }
+
+    /// Maps `gen.zr` if it exists now; says whether this handle has it mapped. A handle that
+    /// attaches late compares with the epoch the file started at (0), which is what it was when
+    /// the handle opened: the file did not exist then.
+    pub fn attach(&self) -> Result<bool> {
+        if self.map.get().is_some() {
+            return Ok(true);
+        }
+        let Some(file) = files::open_existing(&self.path, self.writable)? else {
+            return Ok(false);
+        };
+        check(&file, &self.path)?;
+        let map = EpochMap::new(&file, self.writable).map_err(|e| Error::io(&self.path, e))?;
+        let _ = self.map.set(map);
+        Ok(true)
+    }
+
+    /// Whether the handle has `gen.zr` mapped.
+    pub fn attached(&self) -> bool {
+        self.map.get().is_some()
+    }
+
+    /// The epoch as it is now (0 without `gen.zr`).
+    pub fn current(&self) -> u64 {
+        self.map.get().map_or(0, |m| m.epoch().load(Ordering::Acquire))
+    }
+
+    /// Checks the handle's view before a read and returns the epoch the read starts at.
+    /// `on_moves` runs when only compaction moves happened since the last check (the caller
+    /// re-checks which chunk files it has open).
+    pub fn begin(&self, on_moves: impl FnOnce()) -> Result<u64> {
+        let now = self.current();
+        let seen = self.seen.load(Ordering::Relaxed);
+        if now == seen {
+            return Ok(now);
+        }
+        if now & !MOVES != seen & !MOVES {
+            return Err(Error::Changed(
+                "records were deleted, or the store was replaced, by another handle or process \
+                 since this handle last looked: indices may now name other records. Call \
+                 refresh() to accept the new state, or open the store again"
+                    .into(),
+            ));
+        }
+        on_moves();
+        self.seen.store(now, Ordering::Relaxed);
+        Ok(now)
+    }
+
+    /// Whether nothing was deleted or moved since `start` (what [`Epoch::begin`] returned).
+    /// The fence keeps the reads of the records before this load.
+    pub fn unchanged_since(&self, start: u64) -> bool {
+        fence(Ordering::Acquire);
+        self.current() == start
+    }
+
+    /// Accepts the store as it is now as this handle's view.
+    pub fn accept(&self) {
+        self.seen.store(self.current(), Ordering::Relaxed);
+    }
+
+    /// Announces a change of what indices name (a delete), before making it.
+    pub fn bump_change(&self) {
+        self.advance(|e| (e & !MOVES).wrapping_add(EPOCH_CHANGE) | (e & MOVES));
+    }
+
+    /// Announces a batch of compaction moves, before writing over any stored bytes.
+    pub fn bump_moves(&self) {
+        self.advance(|e| (e & !MOVES) | (e.wrapping_add(1) & MOVES));
+    }
+
+    fn advance(&self, next: impl Fn(u64) -> u64) {
+        if let Some(m) = self.map.get() {
+            let before = m
+                .epoch()
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| Some(next(e)))
+                .unwrap_or_else(|e| e);
+            // Release: the bump is visible before any write that follows it.
+            fence(Ordering::Release);
+            self.seen.store(next(before), Ordering::Relaxed);
+        }
+    }
+
+    /// Marks the store replaced: every other handle's next read fails with [`Error::Changed`]
+    /// and none may take the writer lock again.
+    pub fn retire(&self) {
+        if let Some(m) = self.map.get() {
+            m.retired().store(1, Ordering::Release);
+        }
+        self.bump_change();
+    }
+
+    /// Whether the store was replaced or removed.
+    pub fn retired(&self) -> bool {
+        self.map.get().is_some_and(|m| m.retired().load(Ordering::Acquire) != 0)
+    }
+}
+
+/// Refuses a `gen.zr` of the wrong size, magic or version.
+fn check(file: &File, path: &Path) -> Result<()> {
+    let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    let mut head = [0u8; 8];
+    let read = if size == EPOCH_BYTES { file.read_exact_at(&mut head, 0).is_ok() } else { false };
+    let ok =
+        read && head[..4] == EPOCH_MAGIC && u16::from_le_bytes([head[4], head[5]]) == EPOCH_VERSION;
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::corrupt(
+            path,
+            format!(
+                "not a change-counter file this build reads ({size} bytes); it holds no data \
+                 and may be deleted while no other process uses the store"
+            ),
+        ))
+    }
+}
+
+/// Creates `gen.zr` once: built under a temporary name, synced, and renamed into place only if
+/// no other handle made it first (the first file made is the one every handle maps).
+fn create(dir: &Path, path: &Path, disk: &Disk) -> Result<()> {
+    if path.symlink_metadata().is_ok() {
+        return Ok(());
+    }
+    let tmp = dir.join(format!(".{EPOCH_FILE}.{}.tmp", std::process::id()));
+    let build = || -> std::io::Result<bool> {
+        let f = disk.create_exclusive(&tmp)?;
+        disk.write_at(&f, &tmp, 0, bytemuck::bytes_of(&EpochHeader::new()))?;
+        disk.sync_file(&f, &tmp)?;
+        disk.rename_noreplace(&tmp, path)
+    };
+    let result = build();
+    if !matches!(result, Ok(true)) {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    match result {
+        Ok(true) => disk.sync_dir(dir).map_err(|e| Error::io(dir, e)),
+        Ok(false) => Ok(()),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
