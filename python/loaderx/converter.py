@@ -190,6 +190,18 @@ class _Conversion:
         # never leaves a half-made dataset at `path`, and an overwritten one stays until then.
         self.replacing = overwrite and _schema.is_store(self.path)
         self.target = self.path
+        # The store being replaced is held under its writer lock from now until it is renamed
+        # away: a store another handle or process is writing is refused before any work, and
+        # no writer can slip in between (its appends would vanish with the old directory).
+        self.old: Zrecord | None = None
+        if self.replacing:
+            old = Zrecord(self.path)
+            try:
+                old.lock_for_writing()
+            except BaseException:
+                old.close()
+                raise
+            self.old = old
         if self.created:
             if not self.replacing and os.path.isdir(self.path) and os.listdir(self.path):
                 raise DatasetError(f"{self.path} is a non-empty directory that is not a "
@@ -252,9 +264,13 @@ class _Conversion:
         n = len(self.store)
         self.store.close()
         if self.replacing:
+            assert self.old is not None
+            # Handles still open on the old store learn it was replaced (StoreChangedError).
+            self.old._retire()
             old = f"{self.target}.old"
             os.rename(self.path, old)
             os.rename(self.target, self.path)
+            self.old.close()
             shutil.rmtree(old, ignore_errors=True)
         elif self.created:
             os.rename(self.target, self.path)  # onto nothing, or onto an empty directory
@@ -265,6 +281,8 @@ class _Conversion:
         return n
 
     def _abandon(self) -> None:
+        if self.old is not None:
+            self.old.close()
         store = self.store
         try:
             if self.created:
