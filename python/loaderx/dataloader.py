@@ -88,8 +88,10 @@ class DataLoader:
     ``streams`` maps names to :class:`~loaderx.dataset.DenseDataset` objects (or dense
     :class:`~loaderx.concat.ConcatDataset` views) of equal length.
     ``transform`` (the collate step) takes the batch dict and returns what ``next()`` yields;
-    it runs on the prefetch threads. The loader is an iterator; use it as a context manager or
-    call :meth:`close` to stop its threads (the datasets stay open).
+    it runs on the prefetch threads. An exception it raises reaches the consumer at that step
+    and closes the loader; a ``StopIteration`` arrives as a ``RuntimeError`` (as PEP 479 has it
+    for generators), since the data never runs out. The loader is an iterator; use it as a
+    context manager or call :meth:`close` to stop its threads (the datasets stay open).
     """
 
     def __init__(
@@ -266,6 +268,14 @@ class _Failure:
         self.error = error
 
 
+def _stop_iteration(error: StopIteration, stage: str, step: int) -> RuntimeError:
+    """The RuntimeError a StopIteration from a worker's ``stage`` is delivered as."""
+    wrapped = RuntimeError(f"{stage} raised StopIteration at step {step}; a DataLoader is "
+                           "endless, so this is an error, not the end of the data")
+    wrapped.__cause__ = error
+    return wrapped
+
+
 class _Pipeline:
     """The prefetch machinery. Kept apart from :class:`DataLoader` so that worker threads hold
     no reference to the loader: dropping the loader finalizes it and stops the threads."""
@@ -305,25 +315,65 @@ class _Pipeline:
         if self.pid != os.getpid():
             raise LoaderClosedError("this DataLoader was created in another process; its "
                                     "threads do not survive fork -- create it in the child")
-        with self.cond:
-            if self.closed:
-                raise LoaderClosedError("the DataLoader is closed")
-            if not self.threads:
-                self._start()
-            # Several threads may consume one loader: each takes whichever step is next when
-            # it is ready, so the position is read again after every wait.
-            while self.next_step not in self.ready:
+        taken = False
+        try:
+            with self.cond:
                 if self.closed:
-                    raise LoaderClosedError("the DataLoader was closed while waiting")
-                self.cond.wait()
-            step = self.next_step
-            item = self.ready.pop(step)
-            self.next_step = step + 1
-            self.cond.notify_all()
-        if isinstance(item, _Failure):
+                    raise LoaderClosedError("the DataLoader is closed")
+                if not self.threads:
+                    self._start()
+                # Several threads may consume one loader: each takes whichever step is next
+                # when it is ready, so the position is read again after every wait.
+                while self.next_step not in self.ready:
+                    if self.closed:
+                        raise LoaderClosedError("the DataLoader was closed while waiting")
+                    self.cond.wait()
+                step, generation = self.next_step, self.generation
+                item = self.ready[step]
+                failed = isinstance(item, _Failure)
+                # No call from here to `taken = True`: a signal handler runs only after a call
+                # or at a backward jump, so an interrupt cannot land between consuming the step
+                # and recording that it was (dict.pop would open such a gap). From here to the
+                # return, every call is inside this try.
+                del self.ready[step]
+                self.next_step = step + 1
+                taken = True
+                self.cond.notify_all()
+        except BaseException:
+            # An interrupt (KeyboardInterrupt from a signal handler inside notify_all or the
+            # condition's __enter__/__exit__, which are Python code) must neither lose a
+            # consumed step nor leave the lock held.
+            self._recover((step, generation, item) if taken else None)
+            raise
+        if failed:
             self.stop()
             raise item.error
         return item
+
+    def _recover(self, consumed: tuple[int, int, Any] | None) -> None:
+        """Cleans up after an exception in :meth:`next`: releases the lock if an interrupt
+        left it held, and puts back a step that was consumed but not delivered, so the next
+        call returns it and ``state_dict()`` still points at it."""
+        cond = self.cond
+        # Held here only if the interrupt came inside __enter__ after it acquired the lock, or
+        # inside __exit__ before it released it: then nothing else will release it.
+        held = cond._is_owned()  # type: ignore[attr-defined]  # private, but in every 3.x
+        if consumed is None:
+            if held:
+                cond.release()
+            return
+        if not held:
+            cond.acquire()
+        try:
+            step, generation, item = consumed
+            # Only if nothing moved since: no seek, no close, no other consumer took a step.
+            if (not self.closed and self.generation == generation
+                    and self.next_step == step + 1 and step not in self.ready):
+                self.ready[step] = item
+                self.next_step = step
+                cond.notify_all()  # another consumer may be waiting for this step
+        finally:
+            cond.release()
 
     def seek(self, step: int) -> None:
         with self.cond:
@@ -365,8 +415,15 @@ class _Pipeline:
                     return
                 step, generation = self.claim, self.generation
                 self.claim += 1
+            stage = "building the batch"
             try:
-                item = self.transform(self._build(step))
+                batch = self._build(step)
+                stage = "transform"
+                item = self.transform(batch)
+            except StopIteration as e:
+                # Raised from next() it would silently end the consumer's `for` loop; made a
+                # RuntimeError as PEP 479 does for generators.
+                item = _Failure(_stop_iteration(e, stage, step))
             except BaseException as e:  # noqa: BLE001 -- delivered to the consumer, not lost
                 item = _Failure(e)
             with cond:
