@@ -19,8 +19,10 @@ impl Store {
         let mut targets = indices.to_vec();
         targets.sort_unstable_by(|a, b| b.cmp(a));
         targets.dedup();
-        if !targets.is_empty() {
-            // Other handles' reads must learn that indices change before any of them does.
+        // Other handles see the synced records only: when a target is among them, their reads
+        // must learn that indices change before any of them does. Deleting records no one else
+        // has seen (a converter rolling back its own appends) changes nothing for them.
+        if targets.last().is_some_and(|&t| t < u64::from(self.meta.length())) {
             self.epoch.bump_change();
         }
         // Descending order: each swap pulls from the current last slot, which no later (smaller)

@@ -55,6 +55,8 @@ fn a_handle_opened_before_another_deleted_and_compacted_loses_nothing() {
     let early = open_small_chunks(dir.path(), Codec::Raw, 4096);
     let other = open_small_chunks(dir.path(), Codec::Raw, 4096);
     append_tags(&other, 0..40);
+    other.sync().unwrap();
+    let _ = early.len(); // the early handle now sees those 40 records
     other.delete(&(0..30).collect::<Vec<_>>()).unwrap();
     other.compact().unwrap();
     other.close().unwrap();
@@ -247,4 +249,18 @@ fn a_store_replaced_under_its_name_is_not_locked_through_the_old_handle() {
     let e = old.lock_for_writing().unwrap_err();
     assert!(matches!(e, Error::Changed(_)), "{e}");
     assert_eq!(tags_of(&open(&path, Codec::Raw)), vec![0, 1]);
+}
+
+#[test]
+fn deleting_records_no_other_handle_has_seen_leaves_other_views_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = open(dir.path(), Codec::Raw);
+    append_tags(&writer, 0..10);
+    writer.sync().unwrap();
+    let reader = open(dir.path(), Codec::Raw);
+    append_tags(&writer, 10..20);
+    writer.delete(&(12..20).collect::<Vec<_>>()).unwrap(); // unsynced records only
+    assert_eq!(tags_of(&reader), (0..12).collect::<Vec<_>>(), "delete syncs the header");
+    writer.delete(&[0]).unwrap(); // a record the reader has seen
+    assert!(matches!(reader.lengths(&[0]).unwrap_err(), Error::Changed(_)));
 }
