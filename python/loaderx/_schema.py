@@ -9,7 +9,9 @@ Records themselves are plain Zrecord byte records; see docs/FORMAT.md.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,9 @@ FORMAT = "loaderx-zrecord"
 VERSION = 1
 KINDS = ("dense", "ragged")
 RESERVED = ("kind", "dtype", "item_shape", "format", "version", "codec")
+#: Largest ``schema.msgpack`` read or written: the file is metadata, so anything bigger is
+#: refused (on reading as a corrupt store, on writing before the store is touched).
+MAX_SCHEMA_BYTES = 1 << 20
 
 
 def check_dtype(dtype: Any, where: str) -> np.dtype:
@@ -78,7 +83,19 @@ class Schema:
         return body
 
     def to_bytes(self) -> bytes:
-        return msgpack.packb(self.to_dict())
+        """The encoded map; DatasetError when an extra value cannot be msgpack-encoded or the
+        whole is over :data:`MAX_SCHEMA_BYTES`."""
+        try:
+            raw = msgpack.packb(self.to_dict())
+        except (TypeError, ValueError, OverflowError) as e:
+            raise DatasetError(f"the schema cannot be written as msgpack ({e}); extra schema "
+                               "values must be None, bools, numbers, strings, bytes, lists or "
+                               "dicts") from None
+        if len(raw) > MAX_SCHEMA_BYTES:
+            raise DatasetError(f"the schema encodes to {len(raw)} bytes of msgpack, over the "
+                               f"{MAX_SCHEMA_BYTES}-byte limit of {SCHEMA_FILE}; keep large "
+                               "metadata in a file of its own")
+        return raw
 
 
 def is_store(path: str) -> bool:
@@ -87,23 +104,82 @@ def is_store(path: str) -> bool:
 
 def read(path: str) -> Schema:
     """The schema of the dataset at ``path``; FileNotFoundError when there is no directory,
-    DatasetError when it is not a loaderx dataset, CorruptStoreError when the file is garbage."""
+    DatasetError when it is not a loaderx dataset, CorruptStoreError when the file is garbage,
+    over :data:`MAX_SCHEMA_BYTES` or not a regular file (a symbolic link, a FIFO, a device, a
+    directory)."""
     if not os.path.isdir(path):
         raise FileNotFoundError(2, "no dataset at this path", path)
     file = os.path.join(path, SCHEMA_FILE)
-    if not os.path.exists(file):
+    if not os.path.lexists(file):
         what = "a raw Zrecord store (open it with loaderx.zrecord.Zrecord)" if is_store(path) \
             else "not a loaderx dataset"
         raise DatasetError(f"{path} has no {SCHEMA_FILE}: {what}")
     if not is_store(path):
         raise CorruptStoreError(f"{path} has a {SCHEMA_FILE} but no {META_FILE}")
-    with open(file, "rb") as f:
-        raw = f.read(1 << 20)
+    raw = _read_regular(file)
     try:
         body = msgpack.unpackb(raw, strict_map_key=False)
     except Exception as e:  # msgpack raises several unrelated types for bad input
         raise CorruptStoreError(f"{file} is not valid msgpack ({e})") from None
     return parse(body, file)
+
+
+def _read_regular(file: str) -> bytes:
+    """The bytes of ``file``, which must be a regular file of at most :data:`MAX_SCHEMA_BYTES`.
+
+    Anything else is refused as a corrupt store, never followed or waited on: a symbolic link
+    could make the store read (and a later conversion report) a file outside it, a FIFO would
+    block the open or the read forever, a device could be endless.
+    """
+    # Checked before opening too, so that a device node is never opened (opening some has
+    # effects); the fstat below catches a file swapped in between.
+    mode = os.lstat(file).st_mode
+    if not stat.S_ISREG(mode):
+        raise CorruptStoreError(f"{file} is {_kind_of(mode)}, not a regular file; a store's "
+                                f"{SCHEMA_FILE} must be a regular file inside it")
+    try:
+        # O_NONBLOCK: opening a FIFO would otherwise wait for a writer; no effect on files.
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+            raise CorruptStoreError(f"{file} is a symbolic link; a store's {SCHEMA_FILE} "
+                                    "must be a regular file inside it") from None
+        if e.errno == errno.ENXIO:  # a socket, or a device without a driver
+            raise CorruptStoreError(f"{file} is {_kind_of(os.lstat(file).st_mode)}, not a "
+                                    f"regular file; a store's {SCHEMA_FILE} must be a regular "
+                                    "file inside it") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptStoreError(f"{file} is {_kind_of(st.st_mode)}, not a regular file; "
+                                    f"a store's {SCHEMA_FILE} must be a regular file inside it")
+        if st.st_size > MAX_SCHEMA_BYTES:
+            raise CorruptStoreError(f"{file} is {st.st_size} bytes, over the "
+                                    f"{MAX_SCHEMA_BYTES}-byte limit of a schema")
+        parts = []
+        left = MAX_SCHEMA_BYTES + 1  # one more, to notice a file that grew since fstat
+        while left > 0:
+            part = os.read(fd, left)
+            if not part:
+                break
+            parts.append(part)
+            left -= len(part)
+    finally:
+        os.close(fd)
+    raw = b"".join(parts)
+    if len(raw) > MAX_SCHEMA_BYTES:
+        raise CorruptStoreError(f"{file} is over the {MAX_SCHEMA_BYTES}-byte limit of a schema")
+    return raw
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "an unknown kind of file"
 
 
 def parse(body: Any, file: str) -> Schema:
@@ -134,21 +210,49 @@ def parse(body: Any, file: str) -> Schema:
     return schema
 
 
+def tmp_name(path: str) -> str:
+    """The temporary file :func:`write` uses in ``path``: one per process, so two processes
+    writing the same store's schema never write into one file."""
+    return os.path.join(path, f"{SCHEMA_FILE}.tmp-{os.getpid()}")
+
+
 def write(path: str, schema: Schema) -> None:
-    """Writes ``schema.msgpack`` durably and atomically (temporary file, fsync, rename)."""
-    file = os.path.join(path, SCHEMA_FILE)
-    tmp = file + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(schema.to_bytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, file)
+    """Writes ``schema.msgpack`` durably and atomically (temporary file, fsync, rename).
+
+    DatasetError, before anything is written, when the schema cannot be encoded or is over
+    :data:`MAX_SCHEMA_BYTES`. The temporary file is always a new one: whatever has its name
+    (a leftover, or a symbolic link planted to redirect the write) is removed, not written
+    through.
+    """
+    raw = schema.to_bytes()
+    file, tmp = os.path.join(path, SCHEMA_FILE), tmp_name(path)
+    try:
+        os.unlink(tmp)  # never follows a link: removes the link itself
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o666)
+    try:
+        try:
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, file)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     fsync_dir(path)
 
 
 def fsync_dir(path: str) -> None:
     """Makes the entries of directory ``path`` (creations, renames) durable."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:

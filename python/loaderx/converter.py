@@ -83,6 +83,7 @@ def from_numpy(
     dtype = _schema.check_dtype(arr.dtype, "from_numpy")
     wanted = _schema.Schema("dense", dtype, tuple(int(d) for d in arr.shape[1:]),
                             _codec(codec), _extra(schema, "dense", dtype, arr.shape[1:]))
+    wanted.to_bytes()  # an unencodable or oversized schema= fails before any store is touched
     row_bytes = wanted.item_bytes
     if row_bytes > MAX_RECORD_BYTES:
         raise LimitExceededError(f"one record of shape {arr.shape[1:]} and dtype {dtype} is "
@@ -140,6 +141,7 @@ def from_iterator(
     trail = existing.item_shape if existing is not None else rec.shape[1:]
     wanted = _schema.Schema("ragged", dtype, tuple(trail), codec,
                             _extra(schema, "ragged", dtype, trail))
+    wanted.to_bytes()  # an unencodable or oversized schema= fails before any store is touched
     _check_record(rec, wanted, 0)
     with _Conversion(path, wanted, existing, overwrite, None, checksums) as conv:
         with _progress(progress, None, str(path)) as bar:
