@@ -15,6 +15,7 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 
@@ -68,7 +69,9 @@ def verify_store(z) -> list[str]:
 
 class Shared:
     """A few int64 counters in anonymous shared memory, written by a forked child and read by
-    the parent after it killed the child: [committed records, in-native flag, batches]."""
+    the parent after it killed the child: [committed records, in-native flag, batches]. The flag
+    is 0 outside native calls, :data:`IN_CALL` inside an append (or a conversion, or a
+    compaction) and :data:`IN_SYNC` inside a ``sync()``."""
 
     def __init__(self) -> None:
         self.mem = mmap.mmap(-1, 64)
@@ -81,6 +84,44 @@ class Shared:
 
 
 COMMITTED, IN_NATIVE, BATCHES = 0, 1, 2
+IN_CALL, IN_SYNC = 1, 2  # values of the in-native flag
+
+#: Seconds to wait for something that only a broken mechanism never does (a child that never
+#: enters the call it is to be killed in, a race that makes no progress) -- not a slow machine.
+HANG_SECONDS = 120.0
+
+
+def stop_inside(pid: int, shared: Shared, flag: int, *, min_batches: int = 0,
+                done: Callable[[], bool] | None = None) -> bool:
+    """Stops the child ``pid`` (SIGSTOP) at a moment when its in-native flag is ``flag`` and it
+    has completed ``min_batches`` batches, so that a SIGKILL sent next is sure to land inside
+    that native call however loaded the machine is: the flag is read again once the child is
+    stopped, and the child let go and caught again until it holds. Returns True then, or False
+    when ``done()`` says the child has left the call for good (it may then be stopped or not);
+    raises AssertionError when the child exits or never gets there."""
+    deadline = time.monotonic() + HANG_SECONDS
+    while True:
+        while shared.get(IN_NATIVE) != flag or shared.get(BATCHES) < min_batches:
+            if done is not None and done():
+                return False
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the child never entered the native call (flag {flag}) "
+                                     f"in {HANG_SECONDS:.0f} s")
+            # WNOWAIT: a dead child is left for the caller to reap, as for a live one.
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                raise AssertionError("the child exited before it could be killed")
+            time.sleep(0.0002)
+        os.kill(pid, signal.SIGSTOP)
+        info = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+        if info.si_code != os.CLD_STOPPED:
+            raise AssertionError(f"the child ended (si_code {info.si_code}, status "
+                                 f"{info.si_status}) instead of stopping")
+        os.waitid(os.P_PID, pid, os.WSTOPPED)  # consumes the stop, so the next one is seen
+        if shared.get(IN_NATIVE) == flag:
+            return True
+        if done is not None and done():
+            return False
+        os.kill(pid, signal.SIGCONT)  # it left the call before the stop took hold: again
 
 
 def child_appends(path: str, shared: Shared, seed: int, use_converter: bool) -> None:
@@ -96,7 +137,7 @@ def child_appends(path: str, shared: Shared, seed: int, use_converter: bool) -> 
         while True:
             k = rng.randrange(1, 60)
             recs = [make_record(n + j) for j in range(k)]
-            shared.set(IN_NATIVE, 1)
+            shared.set(IN_NATIVE, IN_CALL)
             n = from_iterator(path, recs, codec=rng.choice(["raw", "zstd"]),
                               chunk_bytes=rng.choice([2000, 1 << 20]), progress=False)
             shared.set(IN_NATIVE, 0)
@@ -107,12 +148,12 @@ def child_appends(path: str, shared: Shared, seed: int, use_converter: bool) -> 
     while True:
         k = rng.randrange(1, 80)
         src, offsets = pack([make_record(n + j) for j in range(k)])
-        shared.set(IN_NATIVE, 1)
+        shared.set(IN_NATIVE, IN_CALL)
         z.append(src, offsets, codec=rng.choice(["raw", "zstd"]))
         shared.set(IN_NATIVE, 0)
         n += k
         if rng.random() < 0.3:
-            shared.set(IN_NATIVE, 1)
+            shared.set(IN_NATIVE, IN_SYNC)
             z.sync()
             shared.set(IN_NATIVE, 0)
             shared.set(COMMITTED, n)
@@ -120,13 +161,21 @@ def child_appends(path: str, shared: Shared, seed: int, use_converter: bool) -> 
 
 
 def kill_loop(path: str, kills: int, seed: int, use_converter: bool) -> dict[str, int]:
-    """Forks a child that appends to ``path`` and SIGKILLs it at seeded random moments,
-    ``kills`` times; after each kill the store must open with every committed record and every
-    record below its length intact, and must accept appends. Returns counts for the report."""
+    """Forks a child that appends to ``path`` and SIGKILLs it, ``kills`` times; after each kill
+    the store must open with every committed record and every record below its length intact,
+    and must accept appends.
+
+    Every other kill is aimed: the child is stopped (see :func:`stop_inside`) inside a native
+    append or ``sync()``, in turn (with the converters: inside a conversion), after it completed
+    a batch, and killed there -- so those kills land inside native calls by construction, not by
+    luck, however slow the machine. The others come at seeded random moments, which also hit
+    the child's start and the Python code between calls. Returns counts for the report:
+    ``in_native``/``in_sync`` count the kills, aimed or not, that landed inside such calls."""
     from loaderx.zrecord import Zrecord
 
     rng = random.Random(seed)
-    stats = {"kills": 0, "in_native": 0, "max_records": 0, "batches": 0}
+    stats = {"kills": 0, "aimed": 0, "in_native": 0, "in_sync": 0, "max_records": 0,
+             "batches": 0}
     shared = Shared()
     for k in range(kills):
         if use_converter and not os.path.exists(os.path.join(path, "schema.msgpack")):
@@ -142,12 +191,21 @@ def kill_loop(path: str, kills: int, seed: int, use_converter: bool) -> dict[str
                 child_appends(path, shared, seed * 1000 + k, use_converter)
             finally:
                 os._exit(1)
-        # Conversions sync (several fsyncs) on every call, so they get longer to run.
-        time.sleep(rng.uniform(0.002, 0.25 if use_converter else 0.06))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        try:
+            if k % 2:
+                flag = IN_SYNC if k % 4 == 3 and not use_converter else IN_CALL
+                stop_inside(pid, shared, flag, min_batches=1)
+                stats["aimed"] += 1
+            else:
+                # Conversions sync (several fsyncs) on every call, so they get longer to run.
+                time.sleep(rng.uniform(0.002, 0.25 if use_converter else 0.06))
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
         stats["kills"] += 1
-        stats["in_native"] += shared.get(IN_NATIVE)
+        flag = shared.get(IN_NATIVE)
+        stats["in_native"] += flag != 0
+        stats["in_sync"] += flag == IN_SYNC
         stats["batches"] += shared.get(BATCHES)
         committed = shared.get(COMMITTED)
         if use_converter and not os.path.exists(os.path.join(path, "schema.msgpack")):
@@ -192,21 +250,32 @@ def fragmented_store(path: str, seed: int) -> list[bytes]:
 
 
 def compact_kill_loop(path: str, kills: int, seed: int) -> dict[str, int]:
-    """Forks a child that compacts a fragmented store and SIGKILLs it at a seeded random moment,
-    ``kills`` times. After each kill the store must hold exactly the records it had, and running
-    ``compact()`` again must finish the job. Returns counts for the report."""
+    """Forks a child that compacts a fragmented store and SIGKILLs it, ``kills`` times. After
+    each kill the store must hold exactly the records it had, and running ``compact()`` again
+    must finish the job.
+
+    Every other kill is aimed: the child is stopped inside ``compact()`` and killed there (when
+    the compaction ends before the stop takes hold, that round is an ordinary kill and the next
+    one aims again). The others come at a seeded random moment over the time a compaction
+    takes. Returns counts for the report; ``in_native`` counts the kills inside ``compact()``."""
     from loaderx.zrecord import Zrecord
 
     rng = random.Random(seed)
-    stats = {"kills": 0, "in_native": 0}
+    stats = {"kills": 0, "aimed": 0, "in_native": 0}
     shared = Shared()
-    # How long one compaction takes here, to spread the kills over it.
+    # How long one compaction takes here, to spread the timed kills over it.
     fragmented_store(path, seed)
     with Zrecord(path) as z:
         t0 = time.perf_counter()
         z.compact()
         took = time.perf_counter() - t0
-    for k in range(kills):
+    aims = kills // 2
+    k = 0
+    while stats["kills"] < kills or stats["aimed"] < aims:
+        if k > kills + 20 * max(aims, 1):
+            raise AssertionError(f"only {stats['aimed']} of {aims} kills caught the child "
+                                 f"inside compact() in {k} rounds: {stats}")
+        aim = stats["aimed"] < aims and (k % 2 or stats["kills"] >= kills)
         expected = fragmented_store(path, seed * 1000 + k)
         shared.set(IN_NATIVE, 0)
         shared.set(BATCHES, 0)
@@ -215,19 +284,29 @@ def compact_kill_loop(path: str, kills: int, seed: int) -> dict[str, int]:
             try:
                 z = Zrecord(path)
                 shared.set(BATCHES, 1)  # started
-                shared.set(IN_NATIVE, 1)
+                shared.set(IN_NATIVE, IN_CALL)
                 z.compact()
                 shared.set(IN_NATIVE, 0)
-                time.sleep(60)
+                shared.set(BATCHES, 2)  # done
+                time.sleep(600)
             finally:
                 os._exit(1)
-        while shared.get(BATCHES) == 0:
-            time.sleep(0.0002)
-        time.sleep(rng.uniform(0, 1.2 * took))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        try:
+            if aim:
+                stats["aimed"] += stop_inside(pid, shared, IN_CALL,
+                                              done=lambda: shared.get(BATCHES) == 2)
+            else:
+                deadline = time.monotonic() + HANG_SECONDS
+                while shared.get(BATCHES) == 0:
+                    if time.monotonic() > deadline:
+                        raise AssertionError("the child never started its compaction")
+                    time.sleep(0.0002)
+                time.sleep(rng.uniform(0, 1.2 * took))
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
         stats["kills"] += 1
-        stats["in_native"] += shared.get(IN_NATIVE)
+        stats["in_native"] += shared.get(IN_NATIVE) != 0
         with Zrecord(path) as z:
             got = read_records(z, np.arange(len(z), dtype=np.uint64))
             if got != expected:
@@ -241,13 +320,18 @@ def compact_kill_loop(path: str, kills: int, seed: int) -> dict[str, int]:
             st = z.stats()
             if st["reclaimable"] != 0:
                 raise AssertionError(f"kill {k}: {st['reclaimable']} bytes left reclaimable")
+        k += 1
     return stats
 
 
-def race(path: str, seconds: float, readers: int, appenders: int) -> dict:
+def race(path: str, seconds: float, readers: int, appenders: int, *, min_gathers: int = 0,
+         min_appends: int = 0, min_fresh: int = 0) -> dict:
     """``readers`` threads gather random batches and verify every byte while ``appenders``
-    threads append, for ``seconds``; then the whole store is verified. Returns the operation
-    counts and every problem seen (``problems`` must be empty)."""
+    threads append, for ``seconds`` and then on until there were ``min_gathers`` gathers,
+    ``min_appends`` appends and ``min_fresh`` reads of records appended during the race (so a
+    loaded machine makes the race longer, not thinner; it gives up after another
+    :data:`HANG_SECONDS`). Then the whole store is verified. Returns the operation counts and
+    every problem seen (``problems`` must be empty)."""
     from loaderx.zrecord import Zrecord
 
     z = Zrecord(path, codec="zstd")
@@ -256,7 +340,7 @@ def race(path: str, seconds: float, readers: int, appenders: int) -> dict:
     next_index = [500]
     stop = threading.Event()
     problems: list[str] = []
-    counts = {"gathers": 0, "records_read": 0, "appends": 0}
+    counts = {"gathers": 0, "records_read": 0, "appends": 0, "fresh": 0}
 
     def appender(seed: int) -> None:
         rng = random.Random(seed)
@@ -283,12 +367,17 @@ def race(path: str, seconds: float, readers: int, appenders: int) -> dict:
                     problems.append(p)
             counts["gathers"] += 1
             counts["records_read"] += len(idx)
+            counts["fresh"] += int((idx >= 500).sum())  # appended during the race
 
     threads = [threading.Thread(target=appender, args=(s,)) for s in range(appenders)]
     threads += [threading.Thread(target=reader, args=(100 + s,)) for s in range(readers)]
     for t in threads:
         t.start()
     time.sleep(seconds)
+    deadline = time.monotonic() + HANG_SECONDS
+    while (counts["gathers"] < min_gathers or counts["appends"] < min_appends
+           or counts["fresh"] < min_fresh) and time.monotonic() < deadline:
+        time.sleep(0.01)
     stop.set()
     for t in threads:
         t.join()

@@ -15,30 +15,39 @@ import reliability as rel
 from loaderx.zrecord import Zrecord
 
 
+# The kill loops check the store after every kill (and raise AssertionError on any damage).
+# Every other kill is aimed: the child is stopped inside the native call and killed there, so
+# the counts of kills inside native calls below hold on any machine, however loaded, unless the
+# children no longer make those calls.
+
+
 def test_sigkill_during_store_appends(tmp_path):
     stats = rel.kill_loop(str(tmp_path / "s"), kills=40, seed=1, use_converter=False)
-    assert stats["kills"] == 40
-    assert stats["batches"] > 40, "the children got to append before being killed"
-    assert stats["in_native"] > 0, "some kills landed inside a native append or sync"
+    assert stats["in_native"] - stats["in_sync"] >= 10, f"kills inside append(): {stats}"
+    assert stats["in_sync"] >= 10, f"kills inside sync(): {stats}"
 
 
 def test_sigkill_during_conversions(tmp_path):
     stats = rel.kill_loop(str(tmp_path / "c"), kills=15, seed=2, use_converter=True)
-    assert stats["kills"] == 15 and stats["max_records"] > 0
+    assert stats["in_native"] >= 7, f"kills inside a conversion: {stats}"
+    # Aimed kills come after a conversion returned, so a dataset was made and checked.
+    assert stats["max_records"] > 0, stats
     # Staging directories of killed conversions are cleaned up by the next conversion.
     assert len(os.listdir(tmp_path)) <= 2
 
 
 def test_sigkill_during_compaction(tmp_path):
     stats = rel.compact_kill_loop(str(tmp_path / "k"), kills=20, seed=3)
-    assert stats["kills"] == 20
-    assert stats["in_native"] >= 5, f"too few kills landed inside compact(): {stats}"
+    assert stats["in_native"] >= 10, f"kills inside compact(): {stats}"
 
 
 def test_readers_verify_every_byte_while_two_threads_append(tmp_path):
-    counts = rel.race(str(tmp_path / "s"), seconds=2.0, readers=6, appenders=2)
+    # The race runs on until these counts are reached: on a loaded machine it takes longer.
+    counts = rel.race(str(tmp_path / "s"), seconds=2.0, readers=6, appenders=2,
+                      min_gathers=50, min_appends=10, min_fresh=100)
     assert counts["problems"] == []
-    assert counts["gathers"] > 50 and counts["appends"] > 10
+    assert counts["gathers"] >= 50 and counts["appends"] >= 10, counts
+    assert counts["fresh"] >= 100, f"readers read records appended during the race: {counts}"
 
 
 def test_opening_and_closing_many_stores_leaks_nothing(tmp_path):
