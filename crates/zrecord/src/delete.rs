@@ -22,8 +22,9 @@ impl Store {
         // Other handles see the synced records only: when a target is among them, their reads
         // must learn that indices change before any of them does. Deleting records no one else
         // has seen (a converter rolling back its own appends) changes nothing for them.
-        if targets.last().is_some_and(|&t| t < u64::from(self.meta.length())) {
-            self.epoch.bump_change();
+        let announced = targets.last().is_some_and(|&t| t < u64::from(self.meta.length()));
+        if announced {
+            self.epoch.begin_change();
         }
         // Descending order: each swap pulls from the current last slot, which no later (smaller)
         // target can name.
@@ -47,11 +48,20 @@ impl Store {
                 }
             }
             live -= 1;
+            if let Err(e) = self.failpoints.hit("delete:swapped") {
+                result = Err(Error::invalid(e));
+                break;
+            }
         }
         state.dirty_table = true;
         // Publish what was done, even after an error: every entry below `live` is valid.
         self.len.publish(live as u32);
-        result?;
-        self.sync_locked(&mut state)
+        let synced = result.and_then(|()| self.sync_locked(&mut state));
+        if announced {
+            // Even after an error: what is on disk is a consistent store either way, and other
+            // handles must be able to accept it.
+            self.epoch.end_change();
+        }
+        synced
     }
 }

@@ -4,9 +4,11 @@
 //! compact the store while they read. `gen.zr` (docs/FORMAT.md) holds one 64-bit *epoch* that
 //! every writer advances before it changes what a reader may be looking at:
 //!
-//! - a delete or a replacement of the store adds [`EPOCH_CHANGE`]: indices now name other
-//!   records, so a handle whose view predates it gets [`Error::Changed`] until it accepts the
-//!   new state ([`Epoch::accept`], `Store::refresh`);
+//! - a delete adds [`EPOCH_CHANGE`] before it touches the table and again once the new length
+//!   is on disk, so the change count is odd exactly while a delete is under way (a replacement
+//!   adds it twice at once). Indices now name other records: a handle whose view predates the
+//!   change, or that reads while the count is odd, gets [`Error::Changed`] until it accepts the
+//!   new state ([`Epoch::accept`], `Store::refresh`), which waits for the count to be even;
 //! - a compaction adds [`EPOCH_MOVE`] before each batch of moves: every index keeps its record,
 //!   only the bytes move, so a read that overlapped a move is simply read again.
 //!
@@ -18,6 +20,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use crate::disk::Disk;
 use crate::error::{Error, Result};
@@ -28,6 +31,14 @@ use crate::format::{
 use crate::mapped::EpochMap;
 
 const MOVES: u64 = EPOCH_CHANGE - 1;
+
+/// How long accepting a new state waits for another handle's delete to finish.
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// Whether the change count of `epoch` is odd: a delete is under way.
+fn deleting(epoch: u64) -> bool {
+    epoch & EPOCH_CHANGE != 0
+}
 
 /// A handle's view of `gen.zr`.
 pub struct Epoch {
@@ -115,14 +126,52 @@ impl Epoch {
         self.current() == start
     }
 
-    /// Accepts the store as it is now as this handle's view.
-    pub fn accept(&self) {
-        self.seen.store(self.current(), Ordering::Relaxed);
+    /// Accepts the store as it is now as this handle's view, once no delete is under way in
+    /// another handle (waiting up to [`SETTLE`] for one to finish; a delete takes milliseconds).
+    pub fn accept(&self) -> Result<()> {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let now = self.current();
+            if !deleting(now) {
+                self.seen.store(now, Ordering::Relaxed);
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Busy(format!(
+                    "another handle has been deleting records for over {} s (if a process was \
+                     killed while deleting, open the store for writing once to settle it)",
+                    SETTLE.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
-    /// Announces a change of what indices name (a delete), before making it.
-    pub fn bump_change(&self) {
-        self.advance(|e| (e & !MOVES).wrapping_add(EPOCH_CHANGE) | (e & MOVES));
+    /// Takes the view of a handle that just opened while a delete is under way elsewhere:
+    /// waits for it to finish; if it never does (a deleter was killed and nobody has written
+    /// since), the view is left unaccepted, so reads fail with [`Error::Changed`] and
+    /// `refresh()` explains, rather than read a half-applied delete.
+    pub fn settle_at_open(&self) {
+        if self.deleting() && self.accept().is_err() {
+            self.seen.store(self.current() ^ EPOCH_CHANGE, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a delete is under way (or was interrupted) in some handle.
+    pub fn deleting(&self) -> bool {
+        deleting(self.current())
+    }
+
+    /// Announces a delete before it touches the table: the change count becomes odd.
+    pub fn begin_change(&self) {
+        self.advance(|e| e.wrapping_add(EPOCH_CHANGE));
+    }
+
+    /// Announces that a delete is complete and on disk: the change count becomes even. Also
+    /// settles the count left odd by a delete that was interrupted (the writer lock is held,
+    /// so no delete is under way).
+    pub fn end_change(&self) {
+        self.advance(|e| if deleting(e) { e.wrapping_add(EPOCH_CHANGE) } else { e });
     }
 
     /// Announces a batch of compaction moves, before writing over any stored bytes.
@@ -148,7 +197,7 @@ impl Epoch {
         if let Some(m) = self.map.get() {
             m.retired().store(1, Ordering::Release);
         }
-        self.bump_change();
+        self.advance(|e| e.wrapping_add(2 * EPOCH_CHANGE));
     }
 
     /// Whether the store was replaced or removed.

@@ -198,6 +198,14 @@ impl Store {
             meta,
             read_only_errno,
         };
+        if store.epoch.deleting() && writable {
+            // A delete killed half-way leaves the count odd; with the writer lock held nobody
+            // is deleting, so it can be settled. (A writer that holds it settles it itself.)
+            if let Ok(_lock) = WriterLock::acquire(&store.meta_path, store.meta_identity) {
+                store.epoch.end_change();
+            }
+        }
+        store.epoch.settle_at_open();
         store.load_dict()?;
         store.load_sums()?;
         Ok(store)
@@ -348,7 +356,7 @@ impl Store {
     /// what they mean on disk. Chunk files replaced since are reopened on next use.
     pub fn refresh(&self) -> Result<()> {
         self.epoch.attach()?;
-        self.epoch.accept();
+        self.epoch.accept()?;
         self.chunks.revalidate();
         self.load_dict()?;
         self.load_sums()
@@ -381,6 +389,10 @@ impl Store {
                 "the store at {} was replaced; open it again",
                 self.dir.display()
             )));
+        }
+        if self.epoch.deleting() {
+            // A delete elsewhere was interrupted (we hold the lock: none is under way).
+            self.epoch.end_change();
         }
         self.epoch.begin(|| {})?;
         let header = self.meta.header();

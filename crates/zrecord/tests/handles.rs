@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use zrecord::failpoint::Action;
 use zrecord::{Codec, Error, Store};
 
 /// A record that names itself: its tag, then bytes derived from the tag. Indices change under
@@ -263,4 +264,59 @@ fn deleting_records_no_other_handle_has_seen_leaves_other_views_valid() {
     assert_eq!(tags_of(&reader), (0..12).collect::<Vec<_>>(), "delete syncs the header");
     writer.delete(&[0]).unwrap(); // a record the reader has seen
     assert!(matches!(reader.lengths(&[0]).unwrap_err(), Error::Changed(_)));
+}
+
+#[test]
+fn a_delete_under_way_elsewhere_is_never_seen_half_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = Arc::new(open(dir.path(), Codec::Raw));
+    append_tags(&writer, 0..30);
+    writer.sync().unwrap();
+    let reader = Arc::new(open(dir.path(), Codec::Raw));
+    assert_eq!(tags_of(&reader).len(), 30);
+    writer.failpoints().arm("delete:swapped", Action::Pause);
+    let deleting = {
+        let writer = writer.clone();
+        std::thread::spawn(move || writer.delete(&[2, 5, 9]).unwrap())
+    };
+    writer.failpoints().wait_paused("delete:swapped");
+    // One hole is filled, the length is still the old one: reads must not go on.
+    assert!(matches!(reader.lengths(&[0]).unwrap_err(), Error::Changed(_)));
+    // A handle opening now waits for the delete rather than take a half-applied table.
+    let late = {
+        let dir = dir.path().to_path_buf();
+        std::thread::spawn(move || tags_of(&open(&dir, Codec::Raw)))
+    };
+    let refreshed = {
+        let reader = reader.clone();
+        std::thread::spawn(move || {
+            reader.refresh().unwrap();
+            tags_of(&reader)
+        })
+    };
+    writer.failpoints().disarm("delete:swapped");
+    writer.failpoints().release("delete:swapped");
+    deleting.join().unwrap();
+    let want = tags_of(&writer);
+    assert_eq!(want.len(), 27);
+    assert_eq!(refreshed.join().unwrap(), want);
+    assert_eq!(late.join().unwrap(), want);
+}
+
+#[test]
+fn a_delete_killed_half_way_is_settled_by_the_next_writable_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = open(dir.path(), Codec::Raw);
+    append_tags(&writer, 0..10);
+    writer.close().unwrap();
+    drop(writer);
+    // What a deleter killed between its two announcements leaves: an odd change count.
+    let gen = dir.path().join("gen.zr");
+    let mut bytes = std::fs::read(&gen).unwrap();
+    bytes[8..16].copy_from_slice(&(3u64 << 32).to_le_bytes());
+    std::fs::write(&gen, &bytes).unwrap();
+    let reader = open(dir.path(), Codec::Raw);
+    assert_eq!(tags_of(&reader), (0..10).collect::<Vec<_>>());
+    let settled = u64::from_le_bytes(std::fs::read(&gen).unwrap()[8..16].try_into().unwrap());
+    assert_eq!(settled >> 32, 4);
 }
