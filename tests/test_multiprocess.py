@@ -109,7 +109,8 @@ def check_store(path, model: list[int]) -> None:
     with Zrecord(path) as z:
         assert len(z) == len(model)
         idx = np.arange(len(model), dtype=np.uint64)
-        bad = [p for i, rec in zip(model, rel.read_records(z, idx)) if (p := rel.check_record(i, rec))]
+        bad = [p for i, rec in zip(model, rel.read_records(z, idx))
+               if (p := rel.check_record(i, rec))]
         assert bad == [], bad[:5]
 
 
@@ -727,8 +728,8 @@ def test_fork_while_a_parent_thread_is_inside_append(tmp_path, outside):
 # -- the converter, the loader and the CLI against another process ----------------------------
 
 def test_overwrite_of_a_dataset_another_process_writes_is_refused(tmp_path, outside):
-    # The converter's side of this (the writer lock around overwrite=True) is being implemented
-    # in parallel with this test: until it lands, this test is expected to fail.
+    # The converter's side of this (overwrite=True takes the old store's writer lock first) was
+    # written in parallel with this test; without it, the new dataset replaces the old one.
     path = tmp_path / "ds"
     rows = np.arange(100 * 8, dtype=np.int64).reshape(100, 8)
     from_numpy(path, rows)
