@@ -160,3 +160,13 @@ def test_compact_needs_the_writer_lock(tmp_path, npy):
         z.delete([0])  # this process now holds the store's writer lock
         assert_clean_error(run("compact", str(out)), 2, "StoreBusyError", "writer lock")
     assert run("compact", str(out)).returncode == 0
+
+
+def test_a_dangling_schema_link_is_a_hostile_store_not_a_raw_one(tmp_path, npy):
+    out = tmp_path / "ds"
+    assert run("convert", str(npy), str(out)).returncode == 0
+    os.remove(out / "schema.msgpack")
+    os.symlink(tmp_path / "nowhere", out / "schema.msgpack")
+    proc = run("info", str(out))
+    assert_clean_error(proc, 2, "symbolic link")
+    assert not (tmp_path / "nowhere").exists()

@@ -99,7 +99,9 @@ class Schema:
 
 
 def is_store(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, META_FILE))
+    """Whether ``path`` has a ``meta.zr`` (whatever it is: the engine refuses one that is not
+    a regular file, naming it, which beats calling the directory "not a store")."""
+    return os.path.lexists(os.path.join(path, META_FILE))
 
 
 def read(path: str) -> Schema:

@@ -46,7 +46,9 @@ def _store_dir(path: str) -> str:
 
 def _dataset_schema(path: str) -> _schema.Schema | None:
     """The schema of a dataset, or None for a raw store (no schema.msgpack)."""
-    if not os.path.exists(os.path.join(path, _schema.SCHEMA_FILE)):
+    # lexists: a dangling symlink in its place is a hostile store for _schema.read to refuse,
+    # not a raw store.
+    if not os.path.lexists(os.path.join(path, _schema.SCHEMA_FILE)):
         return None
     return _schema.read(path)
 
