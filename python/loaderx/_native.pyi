@@ -1,5 +1,5 @@
 """Type stub of the compiled engine binding (crates/loaderx-py). Checked against the compiled
-module by ``mypy.stubtest`` in the test command (tests/test_typing.py)."""
+module by ``mypy.stubtest`` in the test command (scripts/test.sh)."""
 
 from typing import Any, final
 
@@ -7,7 +7,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 __all__ = ["Zrecord", "Sampler", "set_num_threads", "num_threads", "copy_records",
-           "FORMAT_VERSION", "MAX_RECORDS", "MAX_RECORD_BYTES"]
+           "begin_exit", "FORMAT_VERSION", "MAX_RECORDS", "MAX_RECORD_BYTES"]
 
 FORMAT_VERSION: int
 MAX_RECORDS: int
