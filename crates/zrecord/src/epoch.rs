@@ -147,12 +147,12 @@ impl Epoch {
         }
     }
 
-    /// Takes the view of a handle that just opened while a delete is under way elsewhere:
-    /// waits for it to finish; if it never does (a deleter was killed and nobody has written
-    /// since), the view is left unaccepted, so reads fail with [`Error::Changed`] and
-    /// `refresh()` explains, rather than read a half-applied delete.
+    /// Takes the view of a handle that just opened: the store as it is, once no delete is under
+    /// way. If one never finishes (a deleter was killed and nobody could settle it), the view is
+    /// left unaccepted, so reads fail with [`Error::Changed`] and `refresh()` explains, rather
+    /// than read a half-applied delete.
     pub fn settle_at_open(&self) {
-        if self.deleting() && self.accept().is_err() {
+        if self.accept().is_err() {
             self.seen.store(self.current() ^ EPOCH_CHANGE, Ordering::Relaxed);
         }
     }
@@ -167,11 +167,20 @@ impl Epoch {
         self.advance(|e| e.wrapping_add(EPOCH_CHANGE));
     }
 
-    /// Announces that a delete is complete and on disk: the change count becomes even. Also
-    /// settles the count left odd by a delete that was interrupted (the writer lock is held,
-    /// so no delete is under way).
+    /// Announces that this handle's delete is complete and on disk: the change count becomes
+    /// even.
     pub fn end_change(&self) {
         self.advance(|e| if deleting(e) { e.wrapping_add(EPOCH_CHANGE) } else { e });
+    }
+
+    /// Settles the odd count left by another handle's delete that was interrupted (the caller
+    /// holds the writer lock, so none is under way). This handle's view is not updated: it
+    /// predates that delete.
+    pub fn settle_interrupted(&self) {
+        if let Some(m) = self.map.get() {
+            let next = |e: u64| Some(if deleting(e) { e.wrapping_add(EPOCH_CHANGE) } else { e });
+            let _ = m.epoch().fetch_update(Ordering::AcqRel, Ordering::Acquire, next);
+        }
     }
 
     /// Announces a batch of compaction moves, before writing over any stored bytes.

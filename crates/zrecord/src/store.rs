@@ -198,13 +198,7 @@ impl Store {
             meta,
             read_only_errno,
         };
-        if store.epoch.deleting() && writable {
-            // A delete killed half-way leaves the count odd; with the writer lock held nobody
-            // is deleting, so it can be settled. (A writer that holds it settles it itself.)
-            if let Ok(_lock) = WriterLock::acquire(&store.meta_path, store.meta_identity) {
-                store.epoch.end_change();
-            }
-        }
+        store.settle_interrupted_delete();
         store.epoch.settle_at_open();
         store.load_dict()?;
         store.load_sums()?;
@@ -356,10 +350,25 @@ impl Store {
     /// what they mean on disk. Chunk files replaced since are reopened on next use.
     pub fn refresh(&self) -> Result<()> {
         self.epoch.attach()?;
+        self.settle_interrupted_delete();
         self.epoch.accept()?;
         self.chunks.revalidate();
         self.load_dict()?;
         self.load_sums()
+    }
+
+    /// A delete killed half-way leaves the change count odd, which makes every other handle
+    /// wait for it. Whoever can take the writer lock knows no delete is under way and settles
+    /// it; a handle that holds the lock already does the same.
+    fn settle_interrupted_delete(&self) {
+        if !self.epoch.deleting() || self.read_only_errno.is_some() {
+            return;
+        }
+        if self.is_writer() {
+            self.epoch.settle_interrupted();
+        } else if let Ok(_lock) = WriterLock::acquire(&self.meta_path, self.meta_identity) {
+            self.epoch.settle_interrupted();
+        }
     }
 
     /// The writer mutex. A handle inherited across fork never takes it (a parent thread may
@@ -390,10 +399,9 @@ impl Store {
                 self.dir.display()
             )));
         }
-        if self.epoch.deleting() {
-            // A delete elsewhere was interrupted (we hold the lock: none is under way).
-            self.epoch.end_change();
-        }
+        // A delete elsewhere that was interrupted (we hold the lock: none is under way) is
+        // settled; this handle's view still predates it, which `begin` then says.
+        self.epoch.settle_interrupted();
         self.epoch.begin(|| {})?;
         let header = self.meta.header();
         check_header(&header, &self.meta_path, self.chunks.capacity())?;

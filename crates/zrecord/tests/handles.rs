@@ -309,12 +309,22 @@ fn a_delete_killed_half_way_is_settled_by_the_next_writable_open() {
     let writer = open(dir.path(), Codec::Raw);
     append_tags(&writer, 0..10);
     writer.close().unwrap();
-    drop(writer);
-    // What a deleter killed between its two announcements leaves: an odd change count.
     let gen = dir.path().join("gen.zr");
-    let mut bytes = std::fs::read(&gen).unwrap();
-    bytes[8..16].copy_from_slice(&(3u64 << 32).to_le_bytes());
-    std::fs::write(&gen, &bytes).unwrap();
+    let set_epoch = |epoch: u64| {
+        let mut bytes = std::fs::read(&gen).unwrap();
+        bytes[8..16].copy_from_slice(&epoch.to_le_bytes());
+        std::fs::write(&gen, &bytes).unwrap();
+    };
+    // What a deleter killed between its two announcements leaves: an odd change count. A
+    // handle that was open meanwhile must refresh; refreshing settles it (nobody holds the
+    // writer lock, so no delete is under way) instead of waiting for it.
+    set_epoch(1 << 32);
+    assert!(matches!(writer.lengths(&[0]).unwrap_err(), Error::Changed(_)));
+    writer.refresh().unwrap();
+    assert_eq!(tags_of(&writer), (0..10).collect::<Vec<_>>());
+    drop(writer);
+    // A handle opening then settles it too.
+    set_epoch(3 << 32);
     let reader = open(dir.path(), Codec::Raw);
     assert_eq!(tags_of(&reader), (0..10).collect::<Vec<_>>());
     let settled = u64::from_le_bytes(std::fs::read(&gen).unwrap()[8..16].try_into().unwrap());
