@@ -301,21 +301,26 @@ def interruptible_loader(streams, where: str, **kw) -> tuple[DataLoader, Interru
     return loader, cond
 
 
+def interrupt_the_fourth_next(loader, cond) -> None:
+    """Takes steps 0-2, then interrupts the next() that would deliver step 3 where ``cond`` is
+    armed; the loader must still be at step 3, with its lock free."""
+    for step in range(3):
+        np.testing.assert_array_equal(next(loader)["label"], expected(step, 8, "iid", 4)["label"])
+    cond.armed = True
+    with pytest.raises(KeyboardInterrupt):
+        next(loader)
+    assert not cond.armed, "the interrupt was raised where the test meant it"
+    assert not cond._is_owned(), "the interrupted next() left the lock held"
+    assert loader.step == 3 and loader.state_dict()["step"] == 3
+
+
 @pytest.mark.parametrize("where", ["notify_all", "__exit__, lock held",
                                    "__exit__, lock released"])
 def test_an_interrupt_after_the_step_was_taken_does_not_lose_it(streams, where):
     loader, cond = interruptible_loader(streams, where)
     with loader:
-        for step in range(3):
-            np.testing.assert_array_equal(next(loader)["label"],
-                                          expected(step, 8, "iid", 4)["label"])
-        cond.armed = True
-        with pytest.raises(KeyboardInterrupt):
-            next(loader)
-        assert not cond.armed, "the interrupt was raised where the test meant it"
-        assert not cond._is_owned(), "the interrupted next() left the lock held"
         # Step 3 was taken from the queue but never delivered: it is still the next one.
-        assert loader.step == 3 and loader.state_dict()["step"] == 3
+        interrupt_the_fourth_next(loader, cond)
         for step in range(3, 12):
             np.testing.assert_array_equal(without_hanging(lambda: next(loader))["label"],
                                           expected(step, 8, "iid", 4)["label"])
@@ -333,14 +338,7 @@ def test_an_interrupt_before_the_step_was_taken_loses_nothing(streams, where):
 
     loader, cond = interruptible_loader(streams, where, transform=slow_step_3)
     with loader:
-        for step in range(3):
-            np.testing.assert_array_equal(next(loader)["label"],
-                                          expected(step, 8, "iid", 4)["label"])
-        cond.armed = True
-        with pytest.raises(KeyboardInterrupt):
-            next(loader)
-        assert not cond.armed and not cond._is_owned()
-        assert loader.step == 3 and loader.state_dict()["step"] == 3
+        interrupt_the_fourth_next(loader, cond)
         gate.set()
         for step in range(3, 12):
             np.testing.assert_array_equal(without_hanging(lambda: next(loader))["label"],
