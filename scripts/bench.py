@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""loaderx benchmarks: ``python scripts/bench.py sampler|store|loader|all [--repeats N]``.
+"""loaderx benchmarks: ``python scripts/bench.py sampler|store|loader|all [--repeats N]
+[--warm-only]``.
 
 Prints a machine block first, then one table per layer. Every figure is a median of several
 runs, and every claim is a ratio against a contender measured in the same run on the same data.
@@ -21,6 +22,8 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 LAYERS = {"sampler": "bench_sampler", "store": "bench_store", "loader": "bench_loader"}
+# The cold rows of a layer: bench_cold's function that prints them.
+COLD = {"store": "main", "loader": "loader_main"}
 
 
 def machine_block() -> str:
@@ -68,6 +71,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("layer", nargs="?", default="all", choices=[*LAYERS, "all"])
     parser.add_argument("--repeats", type=int, default=None, help="runs per figure (median)")
+    parser.add_argument("--warm-only", action="store_true",
+                        help="skip the cold rows (nothing cached) of store and loader")
     args = parser.parse_args()
     print("## Machine\n")
     print(machine_block())
@@ -80,6 +85,10 @@ def main() -> None:
             continue
         kwargs = {} if args.repeats is None else {"repeats": args.repeats}
         mod.main(**kwargs)
+        # Store and loader also run cold: nothing cached (bench_cold.py).
+        if layer in COLD and not args.warm_only:
+            getattr(importlib.import_module("bench_cold"), COLD[layer])(
+                **({} if args.repeats is None else {"repeats": min(args.repeats, 3)}))
 
 
 if __name__ == "__main__":

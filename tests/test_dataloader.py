@@ -534,3 +534,41 @@ def test_several_threads_may_consume_one_loader(streams):
             got = [b for f in futures for b in f.result()]
     want = [expected(s, 8, "iid", 6)["label"].tobytes() for s in range(100)]
     assert sorted(got) == sorted(want)
+
+
+def _evict(path) -> None:
+    for name in os.listdir(path):
+        fd = os.open(os.path.join(path, name), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("readahead", [None, 0, 3, 50])
+def test_readahead_over_an_evicted_store_gives_the_same_batches(tmp_path, readahead):
+    """Readahead only starts reads early: over a store evicted from the page cache (so gathers
+    take the pread path and the loader reads ahead) the batches are those of the sampler, in
+    order, whatever the readahead; seek starts it again from the new step."""
+    from_numpy(tmp_path / "data", DATA, codec="zstd")
+    from_numpy(tmp_path / "label", LABEL, codec="raw")
+    for name in ("data", "label"):
+        _evict(tmp_path / name)
+    fresh = {n: DenseDataset(tmp_path / n) for n in ("data", "label")}
+    options = {} if readahead is None else {"readahead": readahead}
+    with DataLoader(fresh, batch_size=8, seed=5, mode="iid", num_workers=2, **options) as loader:
+        assert loader.readahead == (4 + 2 if readahead is None else readahead)
+        for step in range(6):
+            got = next(loader)
+            np.testing.assert_array_equal(got["data"], expected(step, 8, "iid", 5)["data"])
+        loader.seek(40)
+        for step in range(40, 44):
+            np.testing.assert_array_equal(next(loader)["label"],
+                                          expected(step, 8, "iid", 5)["label"])
+    for ds in fresh.values():
+        ds.close()
+
+
+def test_readahead_is_checked(streams):
+    with pytest.raises(ValueError, match="readahead"):
+        DataLoader(streams, batch_size=8, readahead=-1)

@@ -381,3 +381,20 @@ def test_forked_child_reads_and_parent_goes_on(tmp_path):
     z.append(b"parent again", [0])
     assert read(z, [600]) == [b"parent again"]
     z.close()
+
+
+def test_prefetch_is_a_hint(tmp_path):
+    """prefetch asks for what is not cached and says so; indices past the end are ignored;
+    reads are unchanged."""
+    recs = records(50, seed=9, max_len=9000)
+    with Zrecord(tmp_path / "s") as z:
+        z.append(*pack(recs))
+        z.sync()
+        assert z.prefetch(range(50)) is False  # just written: in memory
+        for name in os.listdir(tmp_path / "s"):
+            fd = os.open(tmp_path / "s" / name, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        assert z.prefetch([0, 10, 20, 49]) is True
+        assert z.prefetch([10**6]) is False
+        assert read(z, range(50)) == recs

@@ -137,6 +137,20 @@ class ConcatDataset:
             raise DatasetError("gather() is for dense views; index a ragged view instead")
         return _dense_gather(self, idxs, out)
 
+    def prefetch(self, idxs: Any) -> bool:
+        """Starts reading records ``idxs`` of every part into the page cache without waiting;
+        says whether any read was asked for."""
+        flat = np.asarray(idxs, dtype=np.uint64).reshape(-1)
+        flat = flat[flat < self._len]
+        part, local = self._locate(flat)
+        asked = [self._parts[int(k)].prefetch(local[part == k]) for k in np.unique(part)]
+        return any(asked)
+
+    @property
+    def recently_cold(self) -> bool:
+        """Whether the last read of any part found records that were not in memory."""
+        return any(p.recently_cold for p in self._parts)
+
     def _gather_fixed(self, idxs: np.ndarray, dst: np.ndarray, row_bytes: int,
                       shards: int | None = None) -> None:
         """Fills ``dst`` (``len(idxs) * row_bytes`` bytes) as the loader's dense gather does."""

@@ -49,6 +49,14 @@ blocks: with as many workers as cores every gather runs on its own worker thread
 workers each gather also uses the pool. ``loaderx._native.set_num_threads`` (or the
 ``LOADERX_NUM_THREADS`` variable) sets the pool size.
 
+Readahead: batch ``k`` is known in advance for every ``k``, so when a worker claims a step it
+also asks the kernel (``Zrecord.prefetch``) to start reading the records of the next
+``readahead`` steps of every stream (default: ``prefetch_size + num_workers``, the window the
+workers build ahead; ``0`` turns it off), as long as the streams' last reads went to the disk.
+Over a store that does not stay in memory this keeps the disk busy while earlier batches are
+built; over a cached store it costs one flag read per batch. It holds no memory of its own (the pages are the page cache's), never blocks the
+consumer, and ``seek`` starts it again from the new step.
+
 Memory: the arrays of a batch come from a pool of buffers that are reused once the consumer
 has dropped every reference to them (see ``loaderx._recycle``); steady state allocates nothing
 and touches no fresh pages. Keeping a batch (or a view of it) simply keeps its buffer out of
@@ -107,6 +115,7 @@ class DataLoader:
         start_step: int = 0,
         shard_index: int = 0,
         shard_count: int = 1,
+        readahead: int | None = None,
     ) -> None:
         if not isinstance(streams, Mapping) or not streams:
             raise ValueError("streams must be a non-empty dict of {name: DenseDataset}")
@@ -131,8 +140,10 @@ class DataLoader:
         self._sampler = Sampler(length, batch_size, mode, seed)
         self._sampler.seek(_u64(start_step, "start_step", 0))
         self._shard = _shard_rows(self._sampler.batch_size, shard_index, shard_count)
+        ahead = (self._prefetch + self._num_workers if readahead is None
+                 else _u64(readahead, "readahead", 0))
         self._pipe = _Pipeline(self._streams, self._sampler, transform, self._num_workers,
-                               self._prefetch, self._shard)
+                               self._prefetch, self._shard, ahead)
         # Stops the threads when the loader is dropped, and at interpreter exit (finalize's
         # atexit hook), so no prefetch thread is inside a gather while the interpreter ends.
         self._finalizer = weakref.finalize(self, self._pipe.stop)
@@ -193,6 +204,11 @@ class DataLoader:
     @property
     def seed(self) -> int:
         return self._sampler.seed
+
+    @property
+    def readahead(self) -> int:
+        """How many steps past the one a worker claims have their reads started early."""
+        return self._pipe.readahead
 
     @property
     def num_workers(self) -> int:
@@ -282,7 +298,7 @@ class _Pipeline:
 
     def __init__(self, streams: dict[str, DenseDataset], sampler: Sampler,
                  transform: Callable[..., Any], workers: int, prefetch: int,
-                 shard: tuple[int, int, int]) -> None:
+                 shard: tuple[int, int, int], readahead: int = 0) -> None:
         index, _, rows = shard
         self.first_row, self.rows_per_shard = index * rows, rows
         self.streams = [(name, ds, ds._gather_fixed, ds.record_bytes, (rows, *ds.item_shape),
@@ -301,6 +317,8 @@ class _Pipeline:
         self.next_step = sampler.step  # the consumer's position
         self.claim = self.next_step    # the next step a worker will build
         self.generation = 0            # bumped by seek, so stale work is dropped
+        self.readahead = readahead
+        self.prefetched_to = self.claim  # steps below this were asked for already
         self.threads: list[threading.Thread] = []
         self.closed = False
         self.pid = os.getpid()
@@ -379,7 +397,7 @@ class _Pipeline:
         with self.cond:
             self.generation += 1
             self.ready.clear()
-            self.next_step = self.claim = step
+            self.next_step = self.claim = self.prefetched_to = step
             self.cond.notify_all()
 
     def _start(self) -> None:
@@ -415,6 +433,11 @@ class _Pipeline:
                     return
                 step, generation = self.claim, self.generation
                 self.claim += 1
+                # The steps after this one that nobody has asked the kernel for yet.
+                ahead = range(max(self.prefetched_to, step + 1), step + 1 + self.readahead)
+                self.prefetched_to = max(self.prefetched_to, ahead.stop)
+            if ahead and self._going_to_disk():
+                self._read_ahead(ahead)
             stage = "building the batch"
             try:
                 batch = self._build(step)
@@ -432,6 +455,26 @@ class _Pipeline:
                 if generation == self.generation:
                     self.ready[step] = item
                     cond.notify_all()
+
+    def _going_to_disk(self) -> bool:
+        """Whether the last reads of some stream found records not in memory: readahead runs
+        only then, so a cached store pays nothing for it. Never raises: a closed or broken
+        stream is the batch's gather to report."""
+        try:
+            return any(ds.recently_cold for _, ds, *_ in self.streams)
+        except Exception:  # noqa: BLE001 -- reported by the gather that follows
+            return False
+
+    def _read_ahead(self, steps: range) -> None:
+        """Asks every stream to start reading the records of ``steps`` (a hint: failures are
+        left to the gather that needs the records)."""
+        try:
+            for step in steps:
+                idx = self.rows(self.sampler.batch(step))
+                for _, ds, *_ in self.streams:
+                    ds.prefetch(idx)
+        except Exception:  # noqa: BLE001 -- the batch's own gather reports it
+            return
 
     def rows(self, global_batch: np.ndarray) -> np.ndarray:
         """This shard's contiguous slice of a global batch."""

@@ -136,6 +136,16 @@ class _StoreView:
     def __len__(self) -> int:
         return len(self._store)
 
+    def prefetch(self, idxs: Any) -> bool:
+        """Starts reading records ``idxs`` (non-negative integers) into the page cache without
+        waiting, for a later gather; see :meth:`loaderx.zrecord.Zrecord.prefetch`."""
+        return self._store.prefetch(idxs)
+
+    @property
+    def recently_cold(self) -> bool:
+        """Whether the last read found records that were not in memory."""
+        return self._store.recently_cold
+
     def close(self) -> None:
         """Closes the store handle; closing twice is harmless."""
         self._store.close()

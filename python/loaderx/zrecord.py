@@ -137,6 +137,19 @@ class Zrecord:
         self._native.lengths_into(idx, out)
         return out
 
+    def prefetch(self, idxs: Any) -> bool:
+        """Starts reading records ``idxs`` into the page cache and returns without waiting, so
+        that a later :meth:`gather` of them finds them in memory. A hint: indices past the end
+        are ignored, and records a probe finds cached cost nothing. Returns whether any read
+        was asked for."""
+        return self._native.prefetch(as_indices(idxs))
+
+    @property
+    def recently_cold(self) -> bool:
+        """Whether the last gather or prefetch of this handle found records that were not in
+        memory (and so read them from the disk)."""
+        return self._native.recently_cold
+
     def delete(self, idxs: Any) -> None:
         """Deletes records. The last record moves into each hole (swap-tail), so other indices
         can change; duplicates are deleted once. Durable on return."""

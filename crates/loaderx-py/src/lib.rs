@@ -52,6 +52,26 @@ fn copy_records(
     Ok(())
 }
 
+/// Benchmark ceiling for cold reads: `record` bytes at each of `offsets` of the file at `path`
+/// into `dst`, with plain `pread`s on `threads` threads.
+#[pyfunction]
+fn pread_records(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    offsets: pyo3::buffer::PyBuffer<u64>,
+    record: usize,
+    dst: pyo3::buffer::PyBuffer<u8>,
+    threads: usize,
+) -> PyResult<()> {
+    let offsets = offsets.to_vec(py)?;
+    let dst = buffers::slice_mut(&dst, "destination")?;
+    if dst.len() < offsets.len().saturating_mul(record) {
+        return Err(pyo3::exceptions::PyValueError::new_err("destination too small"));
+    }
+    exit::detach(py, || zrecord::ceiling::pread_records(&path, &offsets, record, dst, threads))
+        .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
+}
+
 #[pymodule(gil_used = false)]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyStore>()?;
@@ -60,6 +80,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(copy_records, m)?)?;
     m.add_function(wrap_pyfunction!(exit::begin_exit, m)?)?;
+    m.add_function(wrap_pyfunction!(pread_records, m)?)?;
     m.add("FORMAT_VERSION", zrecord::format::VERSION)?;
     m.add("MAX_RECORDS", zrecord::format::MAX_RECORDS)?;
     m.add("MAX_RECORD_BYTES", zrecord::format::MAX_RECORD_BYTES)?;

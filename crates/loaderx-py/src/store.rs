@@ -165,6 +165,20 @@ impl PyStore {
         out.copy_from_slice(py, &lens)
     }
 
+    /// Starts reading records into the page cache; returns without waiting, saying whether
+    /// anything was asked for.
+    fn prefetch(&self, py: Python<'_>, idxs: PyBuffer<u64>) -> PyResult<bool> {
+        let store = self.get()?;
+        let idxs = idxs.to_vec(py)?;
+        detach(py, || store.prefetch(&idxs)).py()
+    }
+
+    /// Whether the last gather or prefetch found records that were not in memory.
+    #[getter]
+    fn recently_cold(&self) -> PyResult<bool> {
+        Ok(self.get()?.recently_cold())
+    }
+
     fn delete(&self, py: Python<'_>, idxs: PyBuffer<u64>) -> PyResult<()> {
         let store = self.get()?;
         let idxs = idxs.to_vec(py)?;

@@ -57,6 +57,33 @@ impl Chunk {
         Ok(self.map.bytes(offset, len as usize))
     }
 
+    /// Whether the `len` stored bytes at `offset` are all in memory (a probe: false when the
+    /// range is not within the file either).
+    pub fn resident(&self, offset: u64, len: u64) -> bool {
+        offset + len <= self.size.load(Ordering::Acquire) && self.map.resident(offset, len as usize)
+    }
+
+    /// Reads the stored bytes at `offset` into `dst` with `pread` (records nothing has cached:
+    /// the caller's thread waits on the disk, not on a page fault).
+    pub fn read_into(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.read(offset, dst.len() as u64)?; // the same range checks as a mapped read
+        std::os::unix::fs::FileExt::read_exact_at(&self.file, dst, offset).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                Error::corrupt(&self.path, format!("range at {offset} ends past the file"))
+            } else {
+                Error::io(&self.path, e)
+            }
+        })
+    }
+
+    /// Starts reading `len` stored bytes at `offset` into the page cache, without waiting.
+    pub fn prefetch(&self, offset: u64, len: u64) {
+        if let Some(len) = std::num::NonZeroU64::new(len) {
+            let _ =
+                rustix::fs::fadvise(&self.file, offset, Some(len), rustix::fs::Advice::WillNeed);
+        }
+    }
+
     /// Writes `data` at `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.disk
@@ -172,6 +199,10 @@ impl ChunkSet {
         let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
         let identity = files::identity(&file).map_err(|e| Error::io(&path, e))?;
         let map = ChunkMap::new(&file, self.capacity).map_err(|e| Error::io(&path, e))?;
+        // Random access: no readahead window around a fault or a read (advice only: a kernel
+        // that ignores it reads more, nothing else changes).
+        let _ = map.advise_random();
+        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Random);
         let chunk = Chunk {
             path,
             file,

@@ -4,18 +4,19 @@
 //! `Store::consistent_read`, which refuses a view another handle's delete invalidated and reads
 //! again when another process's compaction moved bytes during the call.
 
+use crate::chunks::Chunk;
 use crate::codec::Decoder;
 use crate::error::{Error, Result};
 use crate::format::{Codec, RecordLoc, MAX_RECORD_BYTES};
 use crate::pool::run_sharded_at_most;
 use crate::store::Store;
-use crate::sums::Verdict;
+use crate::sums::{Sums, Verdict};
 
 /// One record to read: its index, its table entry and where it goes.
-struct Slot<'d> {
-    index: u64,
-    loc: RecordLoc,
-    dst: &'d mut [u8],
+pub(crate) struct Slot<'d> {
+    pub(crate) index: u64,
+    pub(crate) loc: RecordLoc,
+    pub(crate) dst: &'d mut [u8],
 }
 
 impl Store {
@@ -88,27 +89,39 @@ impl Store {
         })
     }
 
-    /// Fills every slot, sharded across the pool.
+    /// Fills every slot: copied from the chunk maps, sharded across the pool, when the records
+    /// are in memory; read with many `pread`s in flight when they are not (`cold.rs`).
     fn read_slots(&self, slots: &mut [Slot<'_>], max_shards: usize) -> Result<()> {
+        if self.probably_cold(slots) {
+            return self.read_slots_cold(slots);
+        }
         let total: usize = slots.iter().map(|s| s.dst.len()).sum();
         let dict = self.dictionary();
         // Checked reads are decided once per call, not per record.
-        let sums = self.sums.get().filter(|_| self.verify_reads());
+        let sums = self.checked_reads();
         run_sharded_at_most(slots, total, max_shards, |block: &mut [Slot<'_>]| -> Result<()> {
             let mut decoder = Decoder::new(dict);
             for s in block.iter_mut() {
                 self.read_record(s.index, &s.loc, s.dst, &mut decoder)?;
-                if let Some(sums) = sums {
-                    if sums.check(s.index, &s.loc, s.dst) == Verdict::Bad {
-                        return Err(checksum_mismatch(
-                            self.chunks.path(u64::from(s.loc.chunk_id)),
-                            s.index,
-                        ));
-                    }
-                }
+                self.check_sum(sums, s)?;
             }
             Ok(())
         })
+    }
+
+    /// The checksums every read of this call is checked against, if reads are checked.
+    pub(crate) fn checked_reads(&self) -> Option<&Sums> {
+        self.sums.get().filter(|_| self.verify_reads())
+    }
+
+    /// Checks a record just read against its checksum, when reads are checked.
+    pub(crate) fn check_sum(&self, sums: Option<&Sums>, s: &Slot<'_>) -> Result<()> {
+        match sums {
+            Some(sums) if sums.check(s.index, &s.loc, s.dst) == Verdict::Bad => {
+                Err(checksum_mismatch(self.chunks.path(u64::from(s.loc.chunk_id)), s.index))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Logical length of each record.
@@ -136,7 +149,15 @@ impl Store {
         dst: &mut [u8],
         dec: &mut Decoder,
     ) -> Result<()> {
-        let chunk_path = || self.chunks.path(u64::from(loc.chunk_id));
+        let Some((codec, chunk)) = self.locate(index, loc)? else { return Ok(()) };
+        let stored = chunk
+            .read(u64::from(loc.offset), u64::from(loc.phys_length))
+            .map_err(|e| for_record(e, index))?;
+        self.decode(index, loc, codec, stored, dst, dec)
+    }
+
+    /// The codec and chunk of a record, checked; `None` for an empty record (nothing to read).
+    pub(crate) fn locate(&self, index: u64, loc: &RecordLoc) -> Result<Option<(Codec, &Chunk)>> {
         let codec = Codec::from_tag(loc.codec).ok_or_else(|| {
             Error::corrupt(
                 &self.meta_path,
@@ -144,7 +165,7 @@ impl Store {
             )
         })?;
         if loc.phys_length == 0 && loc.logic_length == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let chunk = self.chunks.get(u64::from(loc.chunk_id)).map_err(|e| match e {
             Error::Corrupt { path, detail } => {
@@ -152,18 +173,37 @@ impl Store {
             }
             other => other,
         })?;
-        let stored =
-            chunk.read(u64::from(loc.offset), u64::from(loc.phys_length)).map_err(|e| match e {
-                Error::Corrupt { path, detail } => {
-                    Error::corrupt(path, format!("record {index}: {detail}"))
-                }
-                other => other,
-            })?;
+        Ok(Some((codec, chunk)))
+    }
+
+    /// Decodes a record's stored bytes into `dst`, which must come out exactly full.
+    pub(crate) fn decode(
+        &self,
+        index: u64,
+        loc: &RecordLoc,
+        codec: Codec,
+        stored: &[u8],
+        dst: &mut [u8],
+        dec: &mut Decoder,
+    ) -> Result<()> {
         match dec.decode(codec, stored, dst) {
             Ok(true) => Ok(()),
             Ok(false) => Err(Error::MissingDictionary { path: self.dir.clone() }),
-            Err(e) => Err(Error::corrupt(chunk_path(), format!("record {index}: {e}"))),
+            Err(e) => Err(Error::corrupt(
+                self.chunks.path(u64::from(loc.chunk_id)),
+                format!("record {index}: {e}"),
+            )),
         }
+    }
+}
+
+/// Names the record in a corruption error about its stored bytes.
+pub(crate) fn for_record(e: Error, index: u64) -> Error {
+    match e {
+        Error::Corrupt { path, detail } => {
+            Error::corrupt(path, format!("record {index}: {detail}"))
+        }
+        other => other,
     }
 }
 

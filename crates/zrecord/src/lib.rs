@@ -19,6 +19,7 @@ mod append;
 pub mod ceiling;
 mod chunks;
 mod codec;
+mod cold;
 mod compact;
 mod delete;
 pub mod disk;

@@ -164,6 +164,43 @@ impl ChunkMap {
         Ok(ChunkMap { map })
     }
 
+    /// Asks the kernel to read no more around a page fault than the page itself: records are
+    /// read at random, and the default readahead window (megabytes) would pull in far more
+    /// than a record from the disk.
+    pub fn advise_random(&self) -> std::io::Result<()> {
+        self.map.advise(memmap2::Advice::Random)
+    }
+
+    /// Whether every page of `len` bytes at `offset` is in memory now (`mincore`). The caller
+    /// has checked the range against the file's size.
+    pub fn resident(&self, offset: u64, len: usize) -> bool {
+        const PAGE: u64 = 4096;
+        let start = offset / PAGE * PAGE;
+        let end = (offset + len as u64).div_ceil(PAGE) * PAGE;
+        if len == 0 || end > self.map.len() as u64 {
+            return true;
+        }
+        let mut pages = [0u8; 64];
+        let mut at = start;
+        while at < end {
+            let n = ((end - at) / PAGE).min(pages.len() as u64);
+            // SAFETY: `at` is page aligned and `at + n * PAGE <= end <= map length`, so the range
+            // lies inside this mapping; `pages` holds `n <= 64` bytes for mincore's answer.
+            let rc = unsafe {
+                libc::mincore(
+                    self.map.as_ptr().add(at as usize) as *mut libc::c_void,
+                    (n * PAGE) as usize,
+                    pages.as_mut_ptr(),
+                )
+            };
+            if rc != 0 || pages[..n as usize].iter().any(|&p| p & 1 == 0) {
+                return false;
+            }
+            at += n * PAGE;
+        }
+        true
+    }
+
     /// `len` bytes at `offset`. The caller has checked `offset + len <= file size` and
     /// `<= capacity`; the assert guards the capacity against a caller bug.
     pub fn bytes(&self, offset: u64, len: usize) -> &[u8] {

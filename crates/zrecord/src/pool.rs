@@ -1,6 +1,7 @@
-//! The persistent worker pool that shards a batch across cores.
+//! The persistent worker pools: one that shards a batch across cores, and one of many threads
+//! that wait on the disk for records nothing has cached (`run_io`).
 //!
-//! One rayon pool per process, built on first use. A forked child inherits the parent's pool
+//! One rayon pool of each kind per process, built on first use. A forked child inherits the parent's pool
 //! object but none of its threads, so the pool remembers the pid that built it and a child
 //! builds its own on first use (the parent's is leaked: dropping it would wait on threads that
 //! do not exist). No thread is ever created per call.
@@ -19,8 +20,15 @@ struct PoolSlot {
     pool: Option<ThreadPool>,
 }
 
+/// The pool that shards work across cores.
 static SLOT: AtomicPtr<PoolSlot> = AtomicPtr::new(std::ptr::null_mut());
+/// The pool that reads cold records: its threads mostly sleep in `pread`.
+static IO_SLOT: AtomicPtr<PoolSlot> = AtomicPtr::new(std::ptr::null_mut());
 static WANTED_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+/// Threads of the I/O pool unless `LOADERX_IO_THREADS` says otherwise: enough reads in flight
+/// to keep a solid-state device's queue full, with no extra memory per read.
+pub const DEFAULT_IO_THREADS: usize = 32;
 
 /// Batches smaller than this many bytes are not worth waking another thread for.
 pub const MIN_SHARD_BYTES: usize = 96 * 1024;
@@ -53,35 +61,81 @@ pub fn set_num_threads(n: usize) {
     WANTED_THREADS.store(n, Ordering::Relaxed);
 }
 
+/// Threads of the pool that reads cold records.
+pub fn io_threads() -> usize {
+    static IO: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *IO.get_or_init(|| {
+        std::env::var("LOADERX_IO_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(DEFAULT_IO_THREADS)
+    })
+}
+
 fn current_pool() -> Option<&'static ThreadPool> {
+    pool_in(&SLOT, num_threads(), "loaderx")
+}
+
+/// The pool of `slot`, sized `threads`, built in this process if it was not yet (a forked
+/// child has none of its parent's threads).
+fn pool_in(
+    slot: &'static AtomicPtr<PoolSlot>,
+    threads: usize,
+    name: &'static str,
+) -> Option<&'static ThreadPool> {
     let pid = std::process::id();
-    let threads = num_threads();
     if threads <= 1 {
         return None;
     }
-    let cur = SLOT.load(Ordering::Acquire);
+    let cur = slot.load(Ordering::Acquire);
     if !cur.is_null() {
         // Slots are leaked boxes: never freed, so a reference to one is 'static.
-        let slot: &'static PoolSlot = leak_ref(cur);
-        if slot.pid == pid && slot.threads == threads {
-            return slot.pool.as_ref();
+        let installed: &'static PoolSlot = leak_ref(cur);
+        if installed.pid == pid && installed.threads == threads {
+            return installed.pool.as_ref();
         }
     }
     // First use in this process (or a changed size): build and install. A thread that loses the
     // race uses the winner's pool; its own is dropped here, in the process that built it.
     let pool = ThreadPoolBuilder::new()
         .num_threads(threads)
-        .thread_name(|i| format!("loaderx-{i}"))
+        .thread_name(move |i| format!("{name}-{i}"))
         .build()
         .ok();
     let fresh = Box::into_raw(Box::new(PoolSlot { pid, threads, pool }));
-    match SLOT.compare_exchange(cur, fresh, Ordering::AcqRel, Ordering::Acquire) {
+    match slot.compare_exchange(cur, fresh, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => leak_ref(fresh).pool.as_ref(),
         Err(winner) => {
             drop(reclaim(fresh));
-            let slot = leak_ref(winner);
-            (slot.pid == pid).then_some(()).and(slot.pool.as_ref())
+            let installed = leak_ref(winner);
+            (installed.pid == pid).then_some(()).and(installed.pool.as_ref())
         }
+    }
+}
+
+/// Runs `work` on every item on the I/O pool, one item per task, with a per-thread state made
+/// by `init` (decoders, a staging buffer). For reads that wait on the disk: the pool's many
+/// threads keep that many reads in flight. Returns the first error.
+pub fn run_io<T, S, E, I, F>(items: &mut [T], init: I, work: F) -> Result<(), E>
+where
+    T: Send,
+    E: Send,
+    I: Fn() -> S + Sync + Send,
+    F: Fn(&mut S, &mut T) -> Result<(), E> + Sync + Send,
+{
+    use rayon::prelude::*;
+    match pool_in(&IO_SLOT, io_threads(), "loaderx-io") {
+        None => {
+            let mut state = init();
+            items.iter_mut().try_for_each(|item| work(&mut state, item))
+        }
+        Some(pool) => pool.install(|| {
+            items
+                .par_iter_mut()
+                .with_max_len(1)
+                .try_for_each_init(&init, |state, item| work(state, item))
+        }),
     }
 }
 

@@ -124,6 +124,8 @@ pub struct Store {
     pub(crate) sums: OnceLock<Sums>,
     /// Check every record read against its checksum.
     pub(crate) verify_reads: AtomicBool,
+    /// The last gather or prefetch found records that were not in memory (`cold.rs`).
+    pub(crate) recently_cold: AtomicBool,
 }
 
 impl Store {
@@ -188,6 +190,7 @@ impl Store {
             }),
             sums: OnceLock::new(),
             verify_reads: AtomicBool::new(false),
+            recently_cold: AtomicBool::new(false),
             dict: OnceLock::new(),
             activity: Activity::default(),
             default_codec: options.codec,
