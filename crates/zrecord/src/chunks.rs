@@ -84,6 +84,14 @@ impl Chunk {
         }
     }
 
+    /// Drops the (synced, clean) pages of `len` bytes at `offset` from the page cache.
+    pub fn drop_cache(&self, offset: u64, len: u64) {
+        if let Some(len) = std::num::NonZeroU64::new(len) {
+            let _ =
+                rustix::fs::fadvise(&self.file, offset, Some(len), rustix::fs::Advice::DontNeed);
+        }
+    }
+
     /// Writes `data` at `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.disk

@@ -27,6 +27,8 @@ use crate::sums::{binding, SumEntry};
 
 /// Most bytes moved per batch (each batch costs four syncs).
 const BATCH_BYTES: u64 = 64 << 20;
+/// Page size, the unit the page cache drops.
+const PAGE: u64 = 4096;
 
 /// What a compaction did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -56,6 +58,8 @@ struct Move {
 struct Batch {
     moves: Vec<(Move, (u64, u64))>,
     bytes: Vec<u8>,
+    /// Whether each record was in memory before the move (some reader has it hot).
+    hot: Vec<bool>,
 }
 
 impl Store {
@@ -125,9 +129,13 @@ impl Store {
                     requested: stage.0 + 1,
                 });
             }
-            let bytes =
-                self.chunks.get(u64::from(m.old.chunk_id))?.read(u64::from(m.old.offset), size)?;
-            batch.bytes.extend_from_slice(bytes);
+            // Read with pread, not through the map: pages a map has touched stay mapped, and
+            // then they could not be dropped from the cache below.
+            let chunk = self.chunks.get(u64::from(m.old.chunk_id))?;
+            batch.hot.push(chunk.resident(u64::from(m.old.offset), size));
+            let at = batch.bytes.len();
+            batch.bytes.resize(at + size as usize, 0);
+            chunk.read_into(u64::from(m.old.offset), &mut batch.bytes[at..])?;
             batch.moves.push((m, stage));
             stage.1 += size;
             if stage.1 == capacity {
@@ -197,7 +205,40 @@ impl Store {
             at += size;
             self.failpoints.hit("compact:move").map_err(Error::invalid)?;
         }
-        self.repoint(&placed, batch.moves.iter().map(|(m, _)| (m, m.dest)))
+        self.repoint(&placed, batch.moves.iter().map(|(m, _)| (m, m.dest)))?;
+        self.drop_cold_copies(&batch);
+        Ok(())
+    }
+
+    /// Drops from the page cache the (synced) old, staged and new copies of the records no
+    /// reader had cached, so that compacting a store larger than memory does not push readers'
+    /// pages out. The kernel drops whole pages only: neighbouring ranges are merged into spans
+    /// and each span is widened to whole pages.
+    fn drop_cold_copies(&self, batch: &Batch) {
+        let mut ranges: Vec<(u64, u64, u64)> = Vec::new();
+        for ((m, stage), hot) in batch.moves.iter().zip(&batch.hot) {
+            if !hot {
+                let size = u64::from(m.old.phys_length);
+                let old = (u64::from(m.old.chunk_id), u64::from(m.old.offset));
+                for (chunk, offset) in [old, m.dest, *stage] {
+                    ranges.push((chunk, offset, offset + size));
+                }
+            }
+        }
+        ranges.sort_unstable();
+        let mut spans: Vec<(u64, u64, u64)> = Vec::new();
+        for (chunk, start, end) in ranges {
+            match spans.last_mut() {
+                Some(last) if last.0 == chunk && start <= last.2 + PAGE => last.2 = last.2.max(end),
+                _ => spans.push((chunk, start, end)),
+            }
+        }
+        for (chunk, start, end) in spans {
+            if let Ok(c) = self.chunks.get(chunk) {
+                let from = start / PAGE * PAGE;
+                c.drop_cache(from, end.div_ceil(PAGE) * PAGE - from);
+            }
+        }
     }
 
     /// Syncs the chunks just written, then points each move's entries at its new place and

@@ -114,3 +114,23 @@ fn prefetch_is_a_hint_that_reads_ahead_only_what_is_not_cached() {
         idx.iter().map(|&i| recs[i as usize].clone()).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn compaction_leaves_uncached_what_no_reader_had_cached() {
+    for hot in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_small_chunks(dir.path(), Codec::Raw, 1 << 20);
+        let model = fill_with_holes(&store, 600);
+        store.close().unwrap();
+        drop(store);
+        evict(dir.path());
+        let store = open_small_chunks(dir.path(), Codec::Raw, 1 << 20);
+        if hot {
+            assert_eq!(read_all(&store), model); // a reader has every record in memory
+        }
+        assert!(store.compact().unwrap().moved > 0);
+        let reader = open_small_chunks(dir.path(), Codec::Raw, 1 << 20);
+        assert_eq!(read_all(&reader), model);
+        assert_eq!(reader.recently_cold(), !hot, "hot: {hot}");
+    }
+}
