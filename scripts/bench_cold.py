@@ -118,10 +118,12 @@ def contenders(paths: dict[str, str], size: int):
         z = Zrecord(paths[codec])
         out.append((f"zrecord-{codec}", store_files(paths[codec]),
                     lambda idx, dst, z=z: z.gather(idx, dst, offs)))
-    arr = np.load(paths["npy"], mmap_mode="r")
-
     def npy_gather(idx: np.ndarray, dst: np.ndarray) -> None:
+        # A fresh map per batch: pages a live map holds cannot be evicted, and would then be
+        # cached for the next batch (of every contender reading the same file).
+        arr = np.load(paths["npy"], mmap_mode="r")
         dst.reshape(BATCH, size)[:] = arr[idx]
+        del arr
     out.append(("npy-mmap", npy_files, npy_gather))
     return out
 
