@@ -143,7 +143,9 @@ offs = np.arange(len(draws[0]), dtype=np.uint64) * np.uint64(size)
 out = []
 for idx in draws:
     for f in files:
-        fd = os.open(f, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
     dst = np.empty(len(idx) * size, dtype=np.uint8)
     b = io(); t = time.perf_counter()
     z.gather(np.array(idx, dtype=np.uint64), dst, offs)
@@ -279,7 +281,8 @@ def in_memory_cgroup(limit: int) -> str | None:
             limit_file, tasks = "memory.limit_in_bytes", "tasks"
             break
     else:
-        base = pathlib.Path("/sys/fs/cgroup") / open("/proc/self/cgroup").read().split("::")[-1].strip().lstrip("/")
+        own = open("/proc/self/cgroup").read().split("::")[-1].strip().lstrip("/")
+        base = pathlib.Path("/sys/fs/cgroup") / own
         limit_file, tasks = "memory.max", "cgroup.procs"
     child = base / "loaderx-bench"
     try:

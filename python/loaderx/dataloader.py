@@ -54,8 +54,9 @@ also asks the kernel (``Zrecord.prefetch``) to start reading the records of the 
 ``readahead`` steps of every stream (default: ``prefetch_size + num_workers``, the window the
 workers build ahead; ``0`` turns it off), as long as the streams' last reads went to the disk.
 Over a store that does not stay in memory this keeps the disk busy while earlier batches are
-built; over a cached store it costs one flag read per batch. It holds no memory of its own (the pages are the page cache's), never blocks the
-consumer, and ``seek`` starts it again from the new step.
+built; over a cached store it costs one flag read per batch. It holds no memory of its own (the
+pages are the page cache's), never blocks the consumer, and ``seek`` starts it again from the
+new step.
 
 Memory: the arrays of a batch come from a pool of buffers that are reused once the consumer
 has dropped every reference to them (see ``loaderx._recycle``); steady state allocates nothing

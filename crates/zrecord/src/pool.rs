@@ -1,14 +1,14 @@
 //! The persistent worker pools: one that shards a batch across cores, and one of many threads
 //! that wait on the disk for records nothing has cached (`run_io`).
 //!
-//! One rayon pool of each kind per process, built on first use. A forked child inherits the parent's pool
-//! object but none of its threads, so the pool remembers the pid that built it and a child
-//! builds its own on first use (the parent's is leaked: dropping it would wait on threads that
-//! do not exist). No thread is ever created per call.
+//! One rayon pool of each kind per process, built on first use. A forked child inherits the
+//! parent's pool objects but none of their threads, so each remembers the pid that built it and
+//! a child builds its own on first use (the parent's is leaked: dropping it would wait on
+//! threads that do not exist). No thread is ever created per call.
 //!
-//! The size comes from `LOADERX_NUM_THREADS` when set, else from the available parallelism;
-//! [`set_num_threads`] changes it for later calls (the Python layer uses this to avoid
-//! oversubscribing the cores together with its own prefetch threads).
+//! The compute pool's size comes from `LOADERX_NUM_THREADS` when set, else from the available
+//! parallelism; [`set_num_threads`] changes it for later calls. The I/O pool has
+//! `LOADERX_IO_THREADS` threads (default [`DEFAULT_IO_THREADS`]).
 
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
