@@ -170,3 +170,11 @@ def test_a_dangling_schema_link_is_a_hostile_store_not_a_raw_one(tmp_path, npy):
     proc = run("info", str(out))
     assert_clean_error(proc, 2, "symbolic link")
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_version():
+    import loaderx
+
+    proc = run("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"loaderx {loaderx.__version__}"

@@ -166,7 +166,7 @@ def test_construction_errors(streams, tmp_path):
     with pytest.raises(ValueError, match="batch_size"):
         DataLoader(streams, mode="cyclic", batch_size=N + 1)
     with pytest.raises(ValueError, match="num_workers"):
-        DataLoader(streams, num_workers=0)
+        DataLoader(streams, num_workers=-1)
     with pytest.raises(TypeError):
         DataLoader(streams, 32)  # keyword-only after streams
     with DataLoader(streams, batch_size=4) as loader:
@@ -572,3 +572,66 @@ def test_readahead_over_an_evicted_store_gives_the_same_batches(tmp_path, readah
 def test_readahead_is_checked(streams):
     with pytest.raises(ValueError, match="readahead"):
         DataLoader(streams, batch_size=8, readahead=-1)
+
+
+@pytest.mark.parametrize("mode", ["cyclic", "iid", "sequential"])
+def test_in_process_mode_gives_the_batches_of_any_worker_count(streams, mode):
+    """num_workers=0 builds each batch on the consumer's thread: no thread is started, and the
+    batches (also after seek and across a checkpoint) are those of four workers."""
+    threads = threading.active_count()
+    with DataLoader(streams, batch_size=8, mode=mode, seed=3, num_workers=0) as inline, \
+            DataLoader(streams, batch_size=8, mode=mode, seed=3, num_workers=4) as workers:
+        for _ in range(7):
+            a, b = next(inline), next(workers)
+            for name in ("data", "label"):
+                np.testing.assert_array_equal(a[name], b[name])
+        assert threading.active_count() == threads + 4, "only the 4-worker loader has threads"
+        inline.seek(30)
+        workers.seek(30)
+        np.testing.assert_array_equal(next(inline)["data"], next(workers)["data"])
+        state = inline.state_dict()
+    with DataLoader(streams, batch_size=8, mode=mode, seed=3, num_workers=0) as resumed:
+        resumed.load_state_dict(state)
+        np.testing.assert_array_equal(next(resumed)["data"], expected(31, 8, mode, 3)["data"])
+
+
+def test_in_process_mode_raises_the_transform_error_itself_and_keeps_the_step(streams):
+    calls = []
+
+    def flaky(batch):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyError("a bug in the transform")
+        return batch
+
+    with DataLoader(streams, batch_size=8, seed=1, num_workers=0, transform=flaky) as loader:
+        next(loader)
+        with pytest.raises(KeyError, match="a bug in the transform"):
+            next(loader)  # raised as is, on this thread: a debugger stops in the transform
+        assert loader.step == 1 and not loader.closed
+        np.testing.assert_array_equal(next(loader)["label"], expected(1, 8, "cyclic", 1)["label"])
+
+
+def test_in_process_mode_turns_stop_iteration_into_an_error(streams):
+    def stop(batch):
+        raise StopIteration
+
+    with DataLoader(streams, batch_size=8, num_workers=0, transform=stop) as loader:
+        with pytest.raises(RuntimeError, match="StopIteration") as info:
+            for _ in loader:
+                pass
+        assert isinstance(info.value.__cause__, StopIteration)
+
+
+def test_the_public_names_import_from_the_package():
+    import loaderx
+    from loaderx import (ConcatDataset, DataLoader as DL, DenseDataset as DD, Mode, RaggedDataset,
+                         Sampler, Zrecord, errors, from_iterator, from_numpy as fn, pad,
+                         set_num_threads)
+
+    assert DL is DataLoader and DD is DenseDataset and fn is from_numpy
+    assert errors.StoreChangedError.__module__ == "loaderx.errors"
+    assert set(loaderx.__all__) >= {"ConcatDataset", "Mode", "RaggedDataset", "Sampler",
+                                    "Zrecord", "from_iterator", "pad", "set_num_threads"}
+    assert all(callable(x) for x in (ConcatDataset, Mode, RaggedDataset, Sampler, Zrecord,
+                                     from_iterator, pad, set_num_threads))

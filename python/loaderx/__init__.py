@@ -1,9 +1,21 @@
 """loaderx: a compact, fast persistent record store and an endless, step-based data loader.
 
-The store engine is Rust (``loaderx._native``); this package is its NumPy-native face:
+The store engine is Rust (``loaderx._native``); this package is its NumPy-native face. The
+public names are importable from here::
 
-* :mod:`loaderx.zrecord` -- :class:`~loaderx.zrecord.Zrecord`, the raw byte-record store.
-* :mod:`loaderx.errors` -- the exception hierarchy.
+    from loaderx import from_numpy, DenseDataset, DataLoader
+
+* :mod:`loaderx.converter` -- :func:`from_numpy` (arrays) and :func:`from_iterator` (ragged
+  records, bytes) write datasets.
+* :mod:`loaderx.dataset` -- :class:`DenseDataset`, :class:`RaggedDataset` and :func:`pad`;
+  :mod:`loaderx.concat` -- :class:`ConcatDataset`, one index space over several datasets.
+* :mod:`loaderx.dataloader` -- :class:`DataLoader`, the endless step-based loader;
+  :mod:`loaderx.sampler` -- :class:`Sampler` and :class:`Mode`, batch indices as a pure
+  function of (seed, step).
+* :mod:`loaderx.zrecord` -- :class:`Zrecord`, the raw byte-record store underneath.
+* :mod:`loaderx.errors` -- the exception hierarchy (base :class:`ZrecordError`).
+* :mod:`loaderx.sharding` and :mod:`loaderx.frameworks` -- multi-host shards, torch and JAX.
+* :func:`set_num_threads` -- threads a batch is split across.
 """
 
 from __future__ import annotations
@@ -15,6 +27,19 @@ try:
 except PackageNotFoundError:  # running from a source tree
     __version__ = "0+unknown"
 
+# Re-exported so that the common names need one import; the modules stay the reference.
+from loaderx import errors  # noqa: E402
+from loaderx._native import set_num_threads  # noqa: E402
+from loaderx.concat import ConcatDataset  # noqa: E402
+from loaderx.converter import from_iterator, from_numpy  # noqa: E402
+from loaderx.dataloader import DataLoader  # noqa: E402
+from loaderx.dataset import DenseDataset, RaggedDataset, pad  # noqa: E402
 from loaderx.errors import ZrecordError  # noqa: E402
+from loaderx.sampler import Mode, Sampler  # noqa: E402
+from loaderx.zrecord import Zrecord  # noqa: E402
 
-__all__ = ["ZrecordError", "__version__"]
+__all__ = [
+    "ConcatDataset", "DataLoader", "DenseDataset", "Mode", "RaggedDataset", "Sampler",
+    "Zrecord", "ZrecordError", "errors", "from_iterator", "from_numpy", "pad",
+    "set_num_threads", "__version__",
+]

@@ -176,8 +176,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return subprocess.run(cmd).returncode
 
 
+def _version() -> str:
+    from loaderx import __version__
+
+    return __version__
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="loaderx", description="loaderx record stores and datasets")
+    p.add_argument("--version", action="version", version=f"loaderx {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     info = sub.add_parser("info", help="what a store or dataset holds")

@@ -42,7 +42,9 @@ short run. See :mod:`loaderx.sampler`.
 
 Threads: ``num_workers`` prefetch threads each build whole batches (sample, gather every
 stream, transform) for the steps they claim, up to ``prefetch_size`` batches ahead of the
-consumer. A gather releases the GIL and can be split across the store's native pool (one thread
+consumer. ``num_workers=0`` builds each batch on the consumer's thread when ``next()`` asks for
+it, as torch's ``num_workers=0`` does: the same batches, with the transform debuggable in
+process (its exceptions propagate as raised, and the step is built again on the next call). A gather releases the GIL and can be split across the store's native pool (one thread
 per core, shared by every store in the process). So that the two do not oversubscribe the
 cores, each worker splits its gathers into at most ``max(1, pool_threads // num_workers)``
 blocks: with as many workers as cores every gather runs on its own worker thread, with fewer
@@ -136,7 +138,7 @@ class DataLoader:
         if not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
         self._streams = dict(streams)
-        self._num_workers = _u64(num_workers, "num_workers", 1)
+        self._num_workers = _u64(num_workers, "num_workers", 0)
         self._prefetch = _u64(prefetch_size, "prefetch_size", 1)
         self._sampler = Sampler(length, batch_size, mode, seed)
         self._sampler.seek(_u64(start_step, "start_step", 0))
@@ -334,6 +336,8 @@ class _Pipeline:
         if self.pid != os.getpid():
             raise LoaderClosedError("this DataLoader was created in another process; its "
                                     "threads do not survive fork -- create it in the child")
+        if self.workers == 0:
+            return self._next_in_process()
         taken = False
         try:
             with self.cond:
@@ -439,15 +443,8 @@ class _Pipeline:
                 self.prefetched_to = max(self.prefetched_to, ahead.stop)
             if ahead and self._going_to_disk():
                 self._read_ahead(ahead)
-            stage = "building the batch"
             try:
-                batch = self._build(step)
-                stage = "transform"
-                item = self.transform(batch)
-            except StopIteration as e:
-                # Raised from next() it would silently end the consumer's `for` loop; made a
-                # RuntimeError as PEP 479 does for generators.
-                item = _Failure(_stop_iteration(e, stage, step))
+                item = self._produce(step)
             except BaseException as e:  # noqa: BLE001 -- delivered to the consumer, not lost
                 item = _Failure(e)
             with cond:
@@ -456,6 +453,35 @@ class _Pipeline:
                 if generation == self.generation:
                     self.ready[step] = item
                     cond.notify_all()
+
+    def _produce(self, step: int) -> Any:
+        """Batch ``step``, transformed."""
+        stage = "building the batch"
+        try:
+            batch = self._build(step)
+            stage = "transform"
+            return self.transform(batch)
+        except StopIteration as e:
+            # Raised from next() it would silently end the consumer's `for` loop; made a
+            # RuntimeError as PEP 479 does for generators.
+            raise _stop_iteration(e, stage, step) from e
+
+    def _next_in_process(self) -> Any:
+        """``num_workers=0``: the consumer's own thread samples, gathers and transforms each
+        step (what a debugger or a profiler needs to see), giving the batches any worker count
+        gives. An exception propagates from here as raised and leaves the step unconsumed, so
+        the next call builds it again; consumers on several threads take turns."""
+        with self.cond:
+            if self.closed:
+                raise LoaderClosedError("the DataLoader is closed")
+            step = self.next_step
+            ahead = range(max(self.prefetched_to, step + 1), step + 1 + self.readahead)
+            self.prefetched_to = max(self.prefetched_to, ahead.stop)
+            if ahead and self._going_to_disk():
+                self._read_ahead(ahead)
+            item = self._produce(step)
+            self.next_step = step + 1
+            return item
 
     def _going_to_disk(self) -> bool:
         """Whether the last reads of some stream found records not in memory: readahead runs
@@ -483,7 +509,7 @@ class _Pipeline:
 
     def _build(self, step: int) -> dict[str, np.ndarray]:
         idx = self.rows(self.sampler.batch(step))
-        shards = max(1, _native.num_threads() // self.workers)
+        shards = max(1, _native.num_threads() // max(1, self.workers))
         batch = {}
         for (name, _, gather, row_bytes, shape, dtype), pool in zip(self.streams, self.pools):
             out, raw = pool.take(shape, dtype)
