@@ -635,3 +635,52 @@ def test_the_public_names_import_from_the_package():
                                     "Zrecord", "from_iterator", "pad", "set_num_threads"}
     assert all(callable(x) for x in (ConcatDataset, Mode, RaggedDataset, Sampler, Zrecord,
                                      from_iterator, pad, set_num_threads))
+
+
+@pytest.mark.parametrize("workers", [0, 1, 4])
+@pytest.mark.parametrize("batch_size", [7, 8, 64])
+def test_a_finite_pass_reads_every_record_once_in_order(streams, workers, batch_size):
+    """epoch(): each record exactly once, in index order, a last shorter batch unless
+    drop_last, len() the number of batches, the endless position untouched."""
+    transform = lambda b: {**b, "twice": b["label"] * 2}  # noqa: E731
+    with DataLoader(streams, batch_size=batch_size, num_workers=workers, seed=2,
+                    transform=transform) as loader:
+        next(loader)
+        for drop_last in (False, True):
+            p = loader.epoch(drop_last=drop_last)
+            batches = list(p)
+            full, rest = divmod(N, batch_size)
+            assert len(p) == len(batches) == full + (0 if drop_last or not rest else 1)
+            labels = np.concatenate([b["label"] for b in batches])
+            seen = full * batch_size if drop_last else N
+            np.testing.assert_array_equal(labels, LABEL[:seen])
+            np.testing.assert_array_equal(np.concatenate([b["data"] for b in batches]),
+                                          DATA[:seen])
+            assert all((b["twice"] == b["label"] * 2).all() for b in batches)
+            assert all(len(b["data"]) == batch_size for b in batches[:full])
+            with pytest.raises(StopIteration):
+                next(p)
+        assert loader.step == 1
+
+
+def test_a_finite_pass_splits_batches_across_shards(streams):
+    """Shards of a pass take contiguous parts of every batch; together, every record once."""
+    parts = []
+    for index in range(3):
+        with DataLoader(streams, batch_size=9, shard_index=index, shard_count=3,
+                        num_workers=2) as loader:
+            parts.append([b["label"] for b in loader.epoch()])
+    rebuilt = np.concatenate([np.concatenate([p[k] for p in parts]) for k in range(len(parts[0]))])
+    np.testing.assert_array_equal(rebuilt, LABEL)
+
+
+def test_a_pass_stops_its_threads(streams):
+    before = threading.active_count()
+    with DataLoader(streams, batch_size=8, num_workers=3) as loader:
+        p = loader.epoch()
+        next(p)
+        p.close()
+        deadline = time.monotonic() + 60
+        while threading.active_count() > before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert threading.active_count() == before

@@ -28,6 +28,10 @@ indices. Batch ``k`` is a pure function of ``(seed, mode, batch_size, dataset le
 ...     bool((next(resumed)["x"] == after["x"]).all())
 True
 
+Finite passes: ``loader.epoch(drop_last=False)`` is an iterator over every record exactly once,
+in index order, in batches of ``batch_size`` and a last shorter one, built by the same workers
+with the same transform; ``len()`` of it is the number of batches.
+
 Several hosts: ``shard_index=i, shard_count=n`` make this process load only its contiguous
 slice -- rows ``i * b : (i + 1) * b`` with ``b = batch_size // n`` -- of every global batch
 (``batch_size`` stays the global batch size and must divide by ``n``). All processes draw the
@@ -36,7 +40,8 @@ and a checkpoint resumes the same global batches on any number of processes or w
 ``loaderx.sharding`` helpers read ``i`` and ``n`` from JAX or torch.distributed.
 
 Modes (names, or the reference's integers): ``"sequential"`` (0), ``"iid"`` (1) and ``"cyclic"``
-(2). The default is cyclic -- every record once per cycle, in a fresh order each cycle -- because
+(2). The default is cyclic -- no record twice in a cycle, in a fresh order each cycle (a
+cycle drops ``length % batch_size`` records, different ones each time) -- because
 it keeps how often each sample is seen even, which sampling with replacement does not over any
 short run. See :mod:`loaderx.sampler`.
 
@@ -83,7 +88,7 @@ from loaderx.dataset import DenseDataset
 from loaderx.errors import LoaderClosedError
 from loaderx.sampler import Mode, Sampler, _u64
 
-__all__ = ["DataLoader"]
+__all__ = ["DataLoader", "Pass"]
 
 _STATE_VERSION = 1
 _JOIN_SECONDS = 1.0
@@ -162,7 +167,19 @@ class DataLoader:
     next = __next__
 
     def __len__(self) -> int:
-        raise TypeError("a DataLoader is endless and has no length; count steps instead")
+        raise TypeError("a DataLoader is endless and has no length; count steps instead, or "
+                        "use loader.epoch(), a finite pass that has one")
+
+    # -- finite passes -------------------------------------------------------------------------
+
+    def epoch(self, *, drop_last: bool = False) -> Pass:
+        """One finite pass over the streams: every record exactly once, in index order, in
+        batches of ``batch_size`` and a last, shorter one (dropped with ``drop_last=True``),
+        built by the same number of workers with the same transform, as evaluation and export
+        loops want. ``len()`` is the number of batches. The endless position (``step``) is not
+        touched. With shards, each process gets its contiguous part of every batch
+        (``np.array_split`` of the batch into ``shard_count`` parts)."""
+        return Pass(self, drop_last)
 
     # -- position and checkpoints --------------------------------------------------------------
 
@@ -265,6 +282,61 @@ class DataLoader:
                 + f"{', closed' if self.closed else ''})")
 
 
+class Pass:
+    """A finite pass over a :class:`DataLoader`'s streams (:meth:`DataLoader.epoch`): an
+    iterator of ``len(pass)`` batch dicts, each record once, in index order. It runs its own
+    worker threads, stopped when it is exhausted, closed, or dropped."""
+
+    def __init__(self, loader: DataLoader, drop_last: bool) -> None:
+        length, b = loader._sampler.length, loader.batch_size
+        steps = length // b if drop_last else -(-length // b)
+        index, count = loader.shard_index, loader.shard_count
+
+        def batch_of(step: int) -> np.ndarray:
+            rows = np.arange(step * b, min((step + 1) * b, length), dtype=np.uint64)
+            return np.array_split(rows, count)[index] if count > 1 else rows
+
+        rows = -(-b // count)
+        self._len = steps
+        self._done = False
+        self._pipe = _Pipeline(loader._streams, loader._sampler, loader._pipe.transform,
+                               loader.num_workers, loader._prefetch, (0, count, rows),
+                               loader.readahead, batch_of=batch_of, steps=steps)
+        self._pipe.next_step = self._pipe.claim = self._pipe.prefetched_to = 0
+        self._finalizer = weakref.finalize(self, self._pipe.stop)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Pass:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        try:
+            return self._pipe.next()
+        except StopIteration:
+            self._done = True  # an exhausted iterator stays exhausted
+            self._pipe.stop()
+            raise
+
+    @property
+    def step(self) -> int:
+        """The index of the batch ``next()`` returns next."""
+        return self._pipe.step
+
+    def close(self) -> None:
+        """Stops the pass's threads; closing twice is harmless."""
+        self._pipe.stop()
+
+    def __enter__(self) -> Pass:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _shard_rows(batch_size: int, index: Any, count: Any) -> tuple[int, int, int]:
     """(index, count, rows per shard), checked."""
     count = _u64(count, "shard_count", 1)
@@ -301,9 +373,15 @@ class _Pipeline:
 
     def __init__(self, streams: dict[str, DenseDataset], sampler: Sampler,
                  transform: Callable[..., Any], workers: int, prefetch: int,
-                 shard: tuple[int, int, int], readahead: int = 0) -> None:
+                 shard: tuple[int, int, int], readahead: int = 0,
+                 batch_of: Callable[[int], np.ndarray] | None = None,
+                 steps: int | None = None) -> None:
         index, _, rows = shard
         self.first_row, self.rows_per_shard = index * rows, rows
+        # The record indices of step k (this shard's rows), and how many steps there are (None:
+        # endless). A finite pass has its own; batches may then be shorter than `rows`.
+        self.batch_of = batch_of or (lambda step: self.rows(self.sampler.batch(step)))
+        self.steps = steps
         self.streams = [(name, ds, ds._gather_fixed, ds.record_bytes, (rows, *ds.item_shape),
                          ds.dtype)
                         for name, ds in streams.items()]
@@ -343,6 +421,8 @@ class _Pipeline:
             with self.cond:
                 if self.closed:
                     raise LoaderClosedError("the DataLoader is closed")
+                if self.steps is not None and self.next_step >= self.steps:
+                    raise StopIteration
                 if not self.threads:
                     self._start()
                 # Several threads may consume one loader: each takes whichever step is next
@@ -434,7 +514,7 @@ class _Pipeline:
             with cond:
                 while not self.closed and self.claim >= self.next_step + self.window:
                     cond.wait()
-                if self.closed:
+                if self.closed or (self.steps is not None and self.claim >= self.steps):
                     return
                 step, generation = self.claim, self.generation
                 self.claim += 1
@@ -475,6 +555,8 @@ class _Pipeline:
             if self.closed:
                 raise LoaderClosedError("the DataLoader is closed")
             step = self.next_step
+            if self.steps is not None and step >= self.steps:
+                raise StopIteration
             ahead = range(max(self.prefetched_to, step + 1), step + 1 + self.readahead)
             self.prefetched_to = max(self.prefetched_to, ahead.stop)
             if ahead and self._going_to_disk():
@@ -497,7 +579,9 @@ class _Pipeline:
         left to the gather that needs the records)."""
         try:
             for step in steps:
-                idx = self.rows(self.sampler.batch(step))
+                if self.steps is not None and step >= self.steps:
+                    return
+                idx = self.batch_of(step)
                 for _, ds, *_ in self.streams:
                     ds.prefetch(idx)
         except Exception:  # noqa: BLE001 -- the batch's own gather reports it
@@ -508,12 +592,15 @@ class _Pipeline:
         return global_batch[self.first_row:self.first_row + self.rows_per_shard]
 
     def _build(self, step: int) -> dict[str, np.ndarray]:
-        idx = self.rows(self.sampler.batch(step))
+        idx = self.batch_of(step)
         shards = max(1, _native.num_threads() // max(1, self.workers))
         batch = {}
         for (name, _, gather, row_bytes, shape, dtype), pool in zip(self.streams, self.pools):
             out, raw = pool.take(shape, dtype)
-            gather(idx, raw, row_bytes, shards)
+            if len(idx) < shape[0]:  # the last batch of a finite pass
+                out, raw = out[:len(idx)], raw[:len(idx) * row_bytes]
+            if len(idx):
+                gather(idx, raw, row_bytes, shards)
             batch[name] = out
         return batch
 
