@@ -119,8 +119,8 @@ def test_bad_paths_and_inputs_are_one_line_errors(tmp_path, npy):
     # A dataset of another shape at OUT: the converter's own error, as one line.
     assert run("convert", str(npy), str(tmp_path / "d")).returncode == 0
     np.save(tmp_path / "other.npy", np.zeros((3, 2), np.int8))
-    assert_clean_error(run("convert", str(tmp_path / "other.npy"), str(tmp_path / "d")), 2,
-                       "DatasetError", "cannot append")
+    assert_clean_error(run("convert", str(tmp_path / "other.npy"), str(tmp_path / "d"),
+                           "--append"), 2, "DatasetError", "cannot append")
     # A damaged meta.zr.
     with open(tmp_path / "d" / "meta.zr", "r+b") as f:
         f.write(b"XXXX")
@@ -178,3 +178,15 @@ def test_version():
     proc = run("--version")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"loaderx {loaderx.__version__}"
+
+
+def test_convert_into_an_existing_dataset_needs_append_or_overwrite(tmp_path, npy):
+    out = tmp_path / "ds"
+    assert run("convert", str(npy), str(out)).returncode == 0
+    assert_clean_error(run("convert", str(npy), str(out)), 2, "--append", "--overwrite")
+    assert len(DenseDataset(out)) == len(DATA), "a refused conversion writes nothing"
+    assert run("convert", str(npy), str(out), "--append").returncode == 0
+    assert len(DenseDataset(out)) == 2 * len(DATA)
+    assert run("convert", str(npy), str(out), "--overwrite").returncode == 0
+    assert len(DenseDataset(out)) == len(DATA)
+    assert run("convert", str(npy), str(out), "--append", "--overwrite").returncode == 2

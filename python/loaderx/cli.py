@@ -115,6 +115,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise _UsageError(f"{args.input}: not a readable .npy file ({e})") from None
     if not isinstance(arr, np.ndarray):
         raise _UsageError(f"{args.input}: holds several arrays (.npz); convert one .npy")
+    if _schema.is_store(args.out) and not (args.append or args.overwrite):
+        raise _UsageError(f"{args.out} already holds a dataset; pass --append to add these "
+                          "records to it or --overwrite to replace it")
     progress = None if args.progress == "auto" else args.progress == "on"
     n = from_numpy(args.out, arr, codec=args.codec, chunk_bytes=args.chunk_bytes,
                    dict_size=args.dict_size, overwrite=args.overwrite, progress=progress,
@@ -194,12 +197,16 @@ def _parser() -> argparse.ArgumentParser:
 
     conv = sub.add_parser("convert", help="write a .npy array as a dense dataset")
     conv.add_argument("input", help="a .npy file (memory-mapped, never loaded whole)")
-    conv.add_argument("out", help="the dataset directory (appended to if it exists)")
+    conv.add_argument("out", help="the dataset directory (must not hold one, unless --append "
+                      "or --overwrite)")
     conv.add_argument("--codec", choices=["raw", "zstd", "zstd_dict"], default="zstd")
     conv.add_argument("--chunk-bytes", type=int, default=64 << 20)
     conv.add_argument("--dict-size", type=int, default=None)
     conv.add_argument("--checksums", action="store_true", help="keep a checksum per record")
-    conv.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    what = conv.add_mutually_exclusive_group()
+    what.add_argument("--append", action="store_true",
+                      help="add the records to an existing dataset of the same dtype and shape")
+    what.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     conv.add_argument("--progress", choices=["auto", "on", "off"], default="auto",
                       help="progress bar on stderr (tqdm's when installed; auto: when a terminal)")
     conv.set_defaults(run=cmd_convert)
