@@ -8,7 +8,8 @@ public names are importable from here::
 * :mod:`loaderx.converter` -- :func:`from_numpy` (arrays) and :func:`from_iterator` (ragged
   records, bytes) write datasets.
 * :mod:`loaderx.dataset` -- :class:`DenseDataset`, :class:`RaggedDataset` and :func:`pad`;
-  :mod:`loaderx.concat` -- :class:`ConcatDataset`, one index space over several datasets.
+  :mod:`loaderx.concat` -- :class:`ConcatDataset`, one index space over several datasets;
+  :mod:`loaderx.subset` -- :class:`Subset` views and seeded :func:`split`.
 * :mod:`loaderx.dataloader` -- :class:`DataLoader`, the endless step-based loader;
   :mod:`loaderx.sampler` -- :class:`Sampler` and :class:`Mode`, batch indices as a pure
   function of (seed, step).
@@ -36,10 +37,11 @@ from loaderx.dataloader import DataLoader  # noqa: E402
 from loaderx.dataset import DenseDataset, RaggedDataset, pad  # noqa: E402
 from loaderx.errors import ZrecordError  # noqa: E402
 from loaderx.sampler import Mode, Sampler  # noqa: E402
+from loaderx.subset import Subset, split  # noqa: E402
 from loaderx.zrecord import Zrecord  # noqa: E402
 
 __all__ = [
-    "ConcatDataset", "DataLoader", "DenseDataset", "Mode", "RaggedDataset", "Sampler",
+    "ConcatDataset", "DataLoader", "DenseDataset", "Mode", "RaggedDataset", "Sampler", "Subset",
     "Zrecord", "ZrecordError", "errors", "from_iterator", "from_numpy", "pad",
-    "set_num_threads", "__version__",
+    "set_num_threads", "split", "__version__",
 ]

@@ -137,6 +137,13 @@ class ConcatDataset:
             raise DatasetError("gather() is for dense views; index a ragged view instead")
         return _dense_gather(self, idxs, out)
 
+    def subset(self, indices: Any) -> Any:
+        """The records ``indices`` as a :class:`~loaderx.subset.Subset` view (nothing is
+        copied); see :func:`loaderx.subset.split` for train/validation splits."""
+        from loaderx.subset import Subset
+
+        return Subset(self, indices)
+
     def prefetch(self, idxs: Any) -> bool:
         """Starts reading records ``idxs`` of every part into the page cache without waiting;
         says whether any read was asked for."""

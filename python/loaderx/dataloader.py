@@ -87,6 +87,7 @@ from loaderx.concat import ConcatDataset
 from loaderx.dataset import DenseDataset
 from loaderx.errors import LoaderClosedError
 from loaderx.sampler import Mode, Sampler, _u64
+from loaderx.subset import Subset, view_id
 
 __all__ = ["DataLoader", "Pass"]
 
@@ -128,7 +129,7 @@ class DataLoader:
         if not isinstance(streams, Mapping) or not streams:
             raise ValueError("streams must be a non-empty dict of {name: DenseDataset}")
         for name, ds in streams.items():
-            dense = isinstance(ds, DenseDataset) or (isinstance(ds, ConcatDataset)
+            dense = isinstance(ds, DenseDataset) or (isinstance(ds, (ConcatDataset, Subset))
                                                      and ds.kind == "dense")
             if not dense:
                 raise TypeError(
@@ -195,7 +196,17 @@ class DataLoader:
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue with exactly the next batch: plain
         ints and strings, safe to store in any checkpoint."""
-        return {"version": _STATE_VERSION, **self._sampler.state_dict(), "step": self.step}
+        state = {"version": _STATE_VERSION, **self._sampler.state_dict(), "step": self.step}
+        view = self._view()
+        if view:
+            state["view"] = view
+        return state
+
+    def _view(self) -> str:
+        """Which subsets the streams are ("" when every stream is a whole dataset)."""
+        ids = [f"{name}={view_id(ds)}" for name, ds in sorted(self._streams.items())
+               if view_id(ds)]
+        return ",".join(ids)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes at ``state["step"]``. The state must come from a loader with the same seed,
@@ -207,8 +218,15 @@ class DataLoader:
                 f"the checkpoint was taken on streams of {state['length']} records, these hold "
                 f"{self._sampler.length}; the data changed, so the checkpoint's batch sequence "
                 "no longer exists")
+        if isinstance(state, Mapping) and state.get("view", "") != self._view():
+            raise ValueError(
+                "the checkpoint was taken on other subsets of the data (view "
+                f"{state.get('view', '') or 'whole datasets'!r}, these streams are "
+                f"{self._view() or 'whole datasets'!r}); resuming would give other batches")
         # The sampler checks the rest (keys, seed, mode, batch size) and names what differs.
-        self._sampler.load_state_dict(dict(state) if isinstance(state, Mapping) else state)
+        plain = {k: v for k, v in state.items() if k != "view"} if isinstance(state, Mapping) \
+            else state
+        self._sampler.load_state_dict(plain)
         self.seek(state["step"])
 
     # -- configuration -------------------------------------------------------------------------

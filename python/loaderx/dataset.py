@@ -136,6 +136,13 @@ class _StoreView:
     def __len__(self) -> int:
         return len(self._store)
 
+    def subset(self, indices: Any) -> Any:
+        """The records ``indices`` as a :class:`~loaderx.subset.Subset` view (nothing is
+        copied); see :func:`loaderx.subset.split` for train/validation splits."""
+        from loaderx.subset import Subset
+
+        return Subset(self, indices)
+
     def prefetch(self, idxs: Any) -> bool:
         """Starts reading records ``idxs`` (non-negative integers) into the page cache without
         waiting, for a later gather; see :meth:`loaderx.zrecord.Zrecord.prefetch`."""

@@ -1,0 +1,174 @@
+"""Views of some records of a dataset: subsets and seeded splits, without writing anything.
+
+``Subset(dataset, indices)`` (or ``dataset.subset(indices)``) is the records ``indices`` of a
+:class:`~loaderx.dataset.DenseDataset`, :class:`~loaderx.dataset.RaggedDataset` or
+:class:`~loaderx.concat.ConcatDataset`, renumbered ``0..len(indices)``: indexing it is indexing
+the dataset at ``indices[i]``, in one gather. A dense subset is a :class:`~loaderx.dataloader.
+DataLoader` stream like the dataset itself. :func:`split` cuts a dataset into disjoint subsets
+of given fractions from a seeded permutation, the usual train/validation split.
+
+>>> import numpy as np, tempfile, os
+>>> from loaderx.converter import from_numpy
+>>> from loaderx.dataset import DenseDataset
+>>> path = os.path.join(tempfile.mkdtemp(), "x")
+>>> _ = from_numpy(path, np.arange(10, dtype=np.int32) * 10)
+>>> train, val = split(DenseDataset(path), [0.8, 0.2], seed=0)
+>>> len(train), len(val), sorted(set(train[:]) | set(val[:])) == list(range(0, 100, 10))
+(8, 2, True)
+
+Subsets pickle by the dataset's path and their indices, so they travel to worker processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from loaderx.dataset import _dense_gather, _indices, _one_index
+
+__all__ = ["Subset", "split"]
+
+
+class Subset:
+    """The records ``indices`` of ``dataset`` as a dataset of their own (see the module docs).
+
+    ``indices`` is anything a dataset accepts as an index (an int array or list, a slice, a
+    boolean mask); they are checked against the dataset's length now, and kept in the given
+    order. Duplicates are allowed (a record then appears twice).
+    """
+
+    _base: Any
+    _indices: np.ndarray
+
+    def __init__(self, dataset: Any, indices: Any) -> None:
+        if isinstance(dataset, Subset):  # a subset of a subset: one level of indirection
+            indices = dataset._indices[_indices(indices, len(dataset)).reshape(-1)]
+            dataset = dataset._base
+        else:
+            indices = _indices(indices, len(dataset)).reshape(-1)
+        self._base = dataset
+        self._indices = np.ascontiguousarray(indices, dtype=np.uint64)
+        self._indices.setflags(write=False)
+        self.kind = getattr(dataset, "kind", None) or dataset._kind
+        if self.kind == "dense":
+            self.record_bytes = dataset.record_bytes
+
+    # -- what the datasets share ------------------------------------------------------------------
+
+    @property
+    def dataset(self) -> Any:
+        """The dataset the records come from."""
+        return self._base
+
+    @property
+    def indices(self) -> np.ndarray:
+        """Each record's index in :attr:`dataset` (read-only uint64 array)."""
+        return self._indices
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._base.dtype
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        return self._base.item_shape
+
+    @property
+    def path(self) -> str:
+        return self._base.path
+
+    @property
+    def closed(self) -> bool:
+        return self._base.closed
+
+    @property
+    def recently_cold(self) -> bool:
+        return self._base.recently_cold
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def close(self) -> None:
+        """Closes the underlying dataset."""
+        self._base.close()
+
+    def __enter__(self) -> Subset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Subset, (self._base, self._indices))
+
+    def __repr__(self) -> str:
+        return f"Subset({self._base!r}, {len(self)} of {len(self._base)} records)"
+
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _map(self, idx: Any) -> np.ndarray:
+        return self._indices[_indices(idx, len(self))]
+
+    def __getitem__(self, idx: Any) -> Any:
+        one = _one_index(idx, len(self))
+        if one is not None:
+            return self._base[int(self._indices[one])]
+        return self._base[self._map(idx)]
+
+    def __getitems__(self, idxs: Sequence[int]) -> Any:
+        return self._base.__getitems__(self._map(idxs).reshape(-1))
+
+    def gather(self, idxs: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """Dense subsets: records ``idxs`` as one ``(len(idxs), *item_shape)`` array."""
+        return _dense_gather(self, idxs, out)
+
+    def subset(self, indices: Any) -> Subset:
+        """The records ``indices`` of this subset, as a subset of the same dataset."""
+        return Subset(self, indices)
+
+    def prefetch(self, idxs: Any) -> bool:
+        """Starts reading records ``idxs`` into the page cache without waiting."""
+        flat = np.asarray(idxs, dtype=np.uint64).reshape(-1)
+        return bool(self._base.prefetch(self._indices[flat[flat < len(self)]]))
+
+    def _gather_fixed(self, idxs: np.ndarray, dst: np.ndarray, row_bytes: int,
+                      shards: int | None = None) -> None:
+        """The loader's dense gather, through the index map."""
+        if len(idxs) and int(idxs.max()) >= len(self):
+            bad = int(idxs[idxs >= len(self)][0])
+            raise IndexError(f"index {bad} is out of range for a subset of {len(self)} records")
+        self._base._gather_fixed(self._indices[idxs], dst, row_bytes, shards)
+
+
+def view_id(dataset: Any) -> str:
+    """Which records of its dataset a stream is, for checkpoints: a digest of a subset's
+    indices, "" for a whole dataset. Paths are left out on purpose (a dataset copied elsewhere
+    is the same data); lengths are checked apart."""
+    if isinstance(dataset, Subset):
+        return hashlib.sha1(dataset.indices.tobytes()).hexdigest()[:16]
+    return ""
+
+
+def split(dataset: Any, fractions: Sequence[float], *, seed: int = 0) -> list[Subset]:
+    """Disjoint subsets of ``dataset`` of the given ``fractions`` of its records, drawn from a
+    permutation seeded by ``seed`` (the same seed gives the same split), each subset's indices
+    in ascending order. Fractions must be positive and add up to at most 1; the records left
+    over by rounding go to the first subsets, one each, when they add up to 1."""
+    fr = [float(f) for f in fractions]
+    if not fr or any(not f > 0 for f in fr) or sum(fr) > 1 + 1e-9:
+        raise ValueError(f"fractions must be positive and add up to at most 1, got {fractions}")
+    n = len(dataset)
+    counts = [int(f * n) for f in fr]
+    if abs(sum(fr) - 1) <= 1e-9:
+        for i in range(n - sum(counts)):
+            counts[i % len(counts)] += 1
+    order = np.random.default_rng(seed).permutation(n)
+    out, start = [], 0
+    for c in counts:
+        out.append(Subset(dataset, np.sort(order[start:start + c]).astype(np.uint64)))
+        start += c
+    return out
