@@ -190,3 +190,26 @@ def test_convert_into_an_existing_dataset_needs_append_or_overwrite(tmp_path, np
     assert run("convert", str(npy), str(out), "--overwrite").returncode == 0
     assert len(DenseDataset(out)) == len(DATA)
     assert run("convert", str(npy), str(out), "--append", "--overwrite").returncode == 2
+
+
+def test_verify_says_what_it_could_not_check_and_summarizes_many_failures(tmp_path, npy):
+    out = tmp_path / "raw"
+    assert run("convert", str(npy), str(out), "--codec", "raw").returncode == 0
+    with open(out / "0.zr", "r+b") as f:  # flip a byte of a raw record: nothing can see it
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 0xFF]))
+    proc = run("verify", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "no checksums kept" in proc.stdout and "cannot be seen" in proc.stdout
+    # Many damaged records: listed up to the limit, then summarized.
+    z = Zrecord(str(tmp_path / "many"), codec="raw")
+    z.enable_checksums()
+    z.append(np.zeros(500 * 8, np.uint8), np.arange(500, dtype=np.uint64) * 8)
+    z.close()
+    with open(tmp_path / "many" / "0.zr", "r+b") as f:
+        f.write(b"\xff" * 4000)
+    proc = run("verify", str(tmp_path / "many"), "--max-listed", "5")
+    assert proc.returncode == 1
+    assert proc.stdout.count("\n") == 6 and "and 495 more damaged records" in proc.stdout

@@ -135,11 +135,25 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if schema is not None and len(z):
             failures += _schema_failures(z, schema, {i for i, _ in failures})
     failures.sort()
-    for index, message in failures:
+    for index, message in failures[:args.max_listed]:
         print(f"record {index}: {message}")
+    if len(failures) > args.max_listed:
+        print(f"... and {len(failures) - args.max_listed} more damaged records "
+              f"(--max-listed N lists more)")
+    # Say what could be checked: without checksums a raw record's bytes cannot be told from
+    # damaged ones, only decoded (compressed records carry zstd's own frame checks).
+    if report["unchecked"] == 0:
+        scope = "every record checked against its checksum"
+    elif report["checked"] == 0:
+        scope = ("no checksums kept (convert with --checksums, or Zrecord.enable_checksums()): "
+                 "compressed records were decoded and their frames checked, raw records only "
+                 "read, so damage to raw bytes cannot be seen")
+    else:
+        scope = (f"{report['unchecked']} records have no checksum (raw bytes among them could "
+                 "be damaged unseen)")
     summary = (f"{path}: {report['records']} records decoded, {report['checked']} checked "
                f"against checksums, {report['unchecked']} without one; "
-               f"{len(failures)} damaged")
+               f"{len(failures)} damaged; {scope}")
     print(summary, file=sys.stderr if failures else sys.stdout)
     return EXIT_DAMAGED if failures else EXIT_OK
 
@@ -213,6 +227,8 @@ def _parser() -> argparse.ArgumentParser:
 
     ver = sub.add_parser("verify", help="decode every record and check checksums")
     ver.add_argument("store")
+    ver.add_argument("--max-listed", type=int, default=100, metavar="N",
+                     help="damaged records listed one per line before a summary (default 100)")
     ver.set_defaults(run=cmd_verify)
 
     comp = sub.add_parser("compact", help="reclaim the space of deleted records")
