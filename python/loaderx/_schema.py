@@ -109,6 +109,10 @@ def read(path: str) -> Schema:
     DatasetError when it is not a loaderx dataset, CorruptStoreError when the file is garbage,
     over :data:`MAX_SCHEMA_BYTES` or not a regular file (a symbolic link, a FIFO, a device, a
     directory)."""
+    if os.path.isfile(path):
+        hint = (" (a .npy array: convert it with loaderx.converter.from_numpy or `loaderx "
+                "convert`)" if path.endswith(".npy") else "")
+        raise DatasetError(f"{path} is a file; a dataset is a directory{hint}")
     if not os.path.isdir(path):
         raise FileNotFoundError(2, "no dataset at this path", path)
     file = os.path.join(path, SCHEMA_FILE)

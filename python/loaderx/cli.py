@@ -251,7 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as e:
         print(f"loaderx {args.command}: {e}", file=sys.stderr)
     except (ZrecordError, OSError, ValueError) as e:
-        print(f"loaderx {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        # The library's hints name its keyword; here the user typed a flag.
+        text = str(e).replace("overwrite=True", "--overwrite")
+        print(f"loaderx {args.command}: {type(e).__name__}: {text}", file=sys.stderr)
     except KeyboardInterrupt:
         print(f"loaderx {args.command}: interrupted", file=sys.stderr)
         return 130

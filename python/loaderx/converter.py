@@ -387,6 +387,9 @@ def _ragged_record(item: Any, i: int) -> np.ndarray:
     if isinstance(item, (bytes, bytearray, memoryview)):
         return np.frombuffer(item, dtype=np.uint8)
     arr = item if isinstance(item, np.ndarray) else np.asarray(item)
+    if isinstance(item, str):
+        raise DatasetError(f"record {i} is a str; records are arrays or bytes: encode text "
+                           f"first (e.g. {item[:20]!r}.encode())")
     if arr.ndim == 0:
         raise DatasetError(f"record {i} is a scalar; ragged records need at least one dimension")
     _schema.check_dtype(arr.dtype, f"record {i}")
@@ -399,8 +402,9 @@ def _check_record(rec: np.ndarray, wanted: _schema.Schema, i: int) -> None:
             f"record {i} is {rec.dtype.str}{rec.shape}, but records of this dataset are "
             f"{wanted.dtype.str}(n, {', '.join(map(str, wanted.item_shape))})".replace(", )", ")"))
     if rec.nbytes > MAX_RECORD_BYTES:
-        raise LimitExceededError(f"record {i} is {rec.nbytes} bytes, over the "
-                                 f"{MAX_RECORD_BYTES}-byte limit")
+        raise LimitExceededError(f"record {i} (counting from 0 in the order the iterator gave "
+                                 f"them) is {rec.nbytes} bytes, over the {MAX_RECORD_BYTES}-byte "
+                                 "limit; split it, or store it in several records")
 
 
 def _dense_sample(arr: np.ndarray, row_bytes: int) -> np.ndarray:

@@ -129,6 +129,9 @@ class DataLoader:
         if not isinstance(streams, Mapping) or not streams:
             raise ValueError("streams must be a non-empty dict of {name: DenseDataset}")
         for name, ds in streams.items():
+            if isinstance(ds, (str, os.PathLike)):
+                raise TypeError(f"stream {name!r} is a path; open it first: "
+                                f"DenseDataset({os.fspath(ds)!r})")
             dense = isinstance(ds, DenseDataset) or (isinstance(ds, (ConcatDataset, Subset))
                                                      and ds.kind == "dense")
             if not dense:

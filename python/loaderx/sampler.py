@@ -235,8 +235,11 @@ class Sampler:
         theirs = (length, batch_size, mode, normalize_seed(seed))
         if ours != theirs:
             names = ("length", "batch_size", "mode", "seed")
+            def shown(v: Any) -> str:  # a mode by its name, as it is passed in
+                return repr(v.name.lower()) if isinstance(v, Mode) else repr(v)
+
             diff = ", ".join(
-                f"{n}: {b!r} in the state, {a!r} here"
+                f"{n}: {shown(b)} in the state, {shown(a)} here"
                 for n, a, b in zip(names, ours, theirs)
                 if a != b
             )
