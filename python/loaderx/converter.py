@@ -36,7 +36,7 @@ import numpy as np
 
 from loaderx import _schema
 from loaderx.errors import DatasetError, LimitExceededError, ZrecordValueError
-from loaderx.zrecord import MAX_RECORD_BYTES, MAX_RECORDS, Zrecord
+from loaderx.zrecord import MAX_RECORD_BYTES, MAX_RECORDS, Codec, Zrecord
 from loaderx.zrecord import _codec as _store_codec
 
 __all__ = ["from_numpy", "from_iterator", "DEFAULT_CHUNK_BYTES"]
@@ -52,7 +52,7 @@ _DICT_SAMPLE_BYTES = 16 << 20
 def from_numpy(
     path: str | os.PathLike[str],
     array: Any,
-    codec: str = "zstd",
+    codec: Codec = "zstd",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     dict_size: int | None = None,
     schema: Mapping[str, Any] | None = None,
@@ -106,7 +106,7 @@ def from_numpy(
 def from_iterator(
     path: str | os.PathLike[str],
     source: Iterable[Any],
-    codec: str = "zstd",
+    codec: Codec = "zstd",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     dict_size: int | None = None,
     schema: Mapping[str, Any] | None = None,
@@ -211,7 +211,7 @@ class _Conversion:
             _remove_stale_staging(self.path)
             self.target = f"{self.path.rstrip(os.sep)}{_STAGING}{os.getpid()}"
             shutil.rmtree(self.target, ignore_errors=True)
-        self.store = Zrecord(self.target, codec=wanted.codec)
+        self.store = Zrecord(self.target, codec=_codec(wanted.codec))
         self.start = len(self.store)
         if count is not None and self.start + count > MAX_RECORDS:
             self._abandon()
@@ -330,10 +330,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _codec(codec: Any) -> str:
+def _codec(codec: Any) -> Codec:
     """The store's codec check, with the reference's alias spelled out for schema.msgpack."""
-    codec = _store_codec(codec)
-    return "zstd_dict" if codec == "zstdict" else codec
+    name = _store_codec(codec)
+    return "zstd_dict" if name in ("zstdict", "zstd_dict") else "raw" if name == "raw" else "zstd"
 
 
 def _positive(value: Any, what: str) -> int:

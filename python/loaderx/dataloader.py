@@ -86,10 +86,13 @@ from loaderx._recycle import BufferPool
 from loaderx.concat import ConcatDataset
 from loaderx.dataset import DenseDataset
 from loaderx.errors import LoaderClosedError
-from loaderx.sampler import Mode, Sampler, _u64
+from loaderx.sampler import Mode, ModeLike, Sampler, _u64
 from loaderx.subset import Subset, view_id
 
-__all__ = ["DataLoader", "Pass"]
+#: What a loader stream may be: a dense dataset or a dense view of datasets.
+Stream = DenseDataset | ConcatDataset | Subset
+
+__all__ = ["DataLoader", "Pass", "Stream"]
 
 _STATE_VERSION = 1
 _JOIN_SECONDS = 1.0
@@ -102,8 +105,23 @@ def _identity(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 class DataLoader:
     """Endless batches from one or more dense streams; see the module documentation.
 
-    ``streams`` maps names to :class:`~loaderx.dataset.DenseDataset` objects (or dense
-    :class:`~loaderx.concat.ConcatDataset` views) of equal length.
+    Parameters:
+
+    * ``streams`` -- ``{name: dataset}``: :class:`~loaderx.dataset.DenseDataset` objects, or
+      dense :class:`~loaderx.concat.ConcatDataset` / :class:`~loaderx.subset.Subset` views, all
+      of one length; every batch gathers each stream at the same indices.
+    * ``batch_size`` -- records per batch (the global batch when sharded).
+    * ``num_workers`` -- prefetch threads; ``0`` builds each batch on the consumer's thread.
+    * ``prefetch_size`` -- finished batches kept ready ahead of the consumer.
+    * ``mode`` -- ``"cyclic"`` (default: a fresh permutation per cycle), ``"iid"`` (with
+      replacement) or ``"sequential"``; also a :class:`~loaderx.sampler.Mode` or 0/1/2.
+    * ``seed`` -- any int; the same seed gives the same batches.
+    * ``transform`` -- ``batch dict -> anything``, run on the worker threads (the collate step).
+    * ``start_step`` -- the first step to deliver (as ``seek``).
+    * ``shard_index``, ``shard_count`` -- this process's contiguous slice of each global batch.
+    * ``readahead`` -- steps whose reads start early while reads go to the disk (default
+      ``prefetch_size + num_workers``; ``0`` off).
+
     ``transform`` (the collate step) takes the batch dict and returns what ``next()`` yields;
     it runs on the prefetch threads. An exception it raises reaches the consumer at that step
     and closes the loader; a ``StopIteration`` arrives as a ``RuntimeError`` (as PEP 479 has it
@@ -113,12 +131,12 @@ class DataLoader:
 
     def __init__(
         self,
-        streams: Mapping[str, DenseDataset],
+        streams: Mapping[str, Stream],
         *,
         batch_size: int = 256,
         num_workers: int = 4,
         prefetch_size: int = 4,
-        mode: Any = "cyclic",
+        mode: ModeLike = "cyclic",
         seed: Any = 42,
         transform: Callable[[dict[str, np.ndarray]], Any] = _identity,
         start_step: int = 0,
@@ -256,7 +274,7 @@ class DataLoader:
         return self._num_workers
 
     @property
-    def streams(self) -> dict[str, DenseDataset]:
+    def streams(self) -> dict[str, Stream]:
         return dict(self._streams)
 
     @property
@@ -392,7 +410,7 @@ class _Pipeline:
     """The prefetch machinery. Kept apart from :class:`DataLoader` so that worker threads hold
     no reference to the loader: dropping the loader finalizes it and stops the threads."""
 
-    def __init__(self, streams: dict[str, DenseDataset], sampler: Sampler,
+    def __init__(self, streams: dict[str, Stream], sampler: Sampler,
                  transform: Callable[..., Any], workers: int, prefetch: int,
                  shard: tuple[int, int, int], readahead: int = 0,
                  batch_of: Callable[[int], np.ndarray] | None = None,

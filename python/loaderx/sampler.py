@@ -47,13 +47,13 @@ from __future__ import annotations
 import enum
 import hashlib
 import operator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from . import _native
 
-__all__ = ["Mode", "Sampler", "normalize_seed"]
+__all__ = ["Mode", "ModeLike", "Sampler", "normalize_seed"]
 
 _U64_LIMIT = 1 << 64
 _MAX_BATCH = int(np.iinfo(np.intp).max)
@@ -73,6 +73,11 @@ class Mode(enum.IntEnum):
         if isinstance(value, str):
             return cls.__members__.get(value.strip().upper())
         return None
+
+
+#: What a ``mode=`` argument may be: a :class:`Mode`, its name, or its integer (the
+#: reference's). Type checkers then flag ``mode="shuffle"``.
+ModeLike = Mode | Literal["sequential", "iid", "cyclic", "SEQUENTIAL", "IID", "CYCLIC", 0, 1, 2]
 
 
 def _integer(value: Any, what: str) -> int:
@@ -138,7 +143,7 @@ class Sampler:
 
     __slots__ = ("_native", "_next_into", "_fill", "_length", "_batch_size", "_mode", "_seed")
 
-    def __init__(self, length: int, batch_size: int, mode: Any, seed: Any = 42) -> None:
+    def __init__(self, length: int, batch_size: int, mode: ModeLike, seed: Any = 42) -> None:
         length = _u64(length, "length", 1)
         batch_size = _u64(batch_size, "batch_size", 1)
         if batch_size > _MAX_BATCH:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -30,7 +30,10 @@ from loaderx import _native
 from loaderx._convert import as_indices, as_offsets, destination_bytes, source_bytes
 from loaderx.errors import ZrecordValueError
 
-__all__ = ["Zrecord", "CODECS", "MAX_RECORDS", "MAX_RECORD_BYTES"]
+__all__ = ["Zrecord", "Codec", "CODECS", "MAX_RECORDS", "MAX_RECORD_BYTES"]
+
+#: A codec name, for type checkers: ``codec="lz4"`` is an error before the program runs.
+Codec = Literal["raw", "zstd", "zstd_dict"]
 
 #: Codec names accepted by :class:`Zrecord` and :meth:`Zrecord.append`.
 CODECS = ("raw", "zstd", "zstd_dict")
@@ -75,7 +78,7 @@ class Zrecord:
     compaction needs nothing. A handle inherited across ``fork`` reads but does not write.
     """
 
-    def __init__(self, path: str | os.PathLike[str], codec: str = "zstd", *,
+    def __init__(self, path: str | os.PathLike[str], codec: Codec = "zstd", *,
                  verify_reads: bool = False, _chunk_capacity: int | None = None):
         self._path = os.fspath(path)
         self._native = _native.Zrecord(self._path, _codec(codec), _chunk_capacity)
@@ -107,7 +110,7 @@ class Zrecord:
         return f"Zrecord({self._path!r}, records={len(self)}, codec={self.codec!r})"
 
     # -- batch operations ----------------------------------------------------------------------
-    def append(self, src: Any, offsets: Any, codec: str | None = None) -> int:
+    def append(self, src: Any, offsets: Any, codec: Codec | None = None) -> int:
         """Appends the records packed in ``src`` and returns the index of the first one.
 
         Record ``i`` is ``src[offsets[i]:offsets[i+1]]``; the last runs to the end of ``src``.
