@@ -213,3 +213,22 @@ def test_verify_says_what_it_could_not_check_and_summarizes_many_failures(tmp_pa
     proc = run("verify", str(tmp_path / "many"), "--max-listed", "5")
     assert proc.returncode == 1
     assert proc.stdout.count("\n") == 6 and "and 495 more damaged records" in proc.stdout
+
+
+def test_copy_keeps_holes_and_verifies(tmp_path, npy):
+    src, dst = tmp_path / "ds", tmp_path / "copy"
+    assert run("convert", str(npy), str(src), "--checksums").returncode == 0
+    proc = run("copy", str(src), str(dst))
+    assert proc.returncode == 0, proc.stderr
+    assert "holes kept" in proc.stdout
+    np.testing.assert_array_equal(DenseDataset(dst)[:], DATA)
+    meta = os.stat(dst / "meta.zr")
+    assert meta.st_size == os.stat(src / "meta.zr").st_size == 16 + 16 * 2**24
+    assert meta.st_blocks * 512 < 1 << 20, "meta.zr stayed sparse"
+    assert_clean_error(run("copy", str(src), str(dst)), 2, "exists")
+    # A store another process writes is refused.
+    writer = Zrecord(str(src))
+    writer.lock_for_writing()
+    assert_clean_error(run("copy", str(src), str(tmp_path / "c2")), 2, "StoreBusyError")
+    writer.close()
+    assert not (tmp_path / "c2").exists()

@@ -173,6 +173,17 @@ def _schema_failures(z: Any, s: _schema.Schema, known: set[int]) -> list[tuple[i
     return [(int(i), why.format(int(lengths[i]))) for i in bad if int(i) not in known]
 
 
+def cmd_copy(args: argparse.Namespace) -> int:
+    from loaderx.copying import copy
+
+    _store_dir(args.src)
+    r = copy(args.src, args.dst)
+    print(f"{args.dst}: {r['records']} records, {r['bytes_copied']} bytes copied of "
+          f"{r['apparent_bytes']} apparent (holes kept); verified: {r['verify']['checked']} "
+          f"against checksums, {r['verify']['unchecked']} decoded without one")
+    return EXIT_OK
+
+
 def cmd_compact(args: argparse.Namespace) -> int:
     with _open(args.store) as z:
         r = z.compact()
@@ -230,6 +241,11 @@ def _parser() -> argparse.ArgumentParser:
     ver.add_argument("--max-listed", type=int, default=100, metavar="N",
                      help="damaged records listed one per line before a summary (default 100)")
     ver.set_defaults(run=cmd_verify)
+
+    cp = sub.add_parser("copy", help="copy a store or dataset, holes kept, then verify it")
+    cp.add_argument("src")
+    cp.add_argument("dst", help="a new directory")
+    cp.set_defaults(run=cmd_copy)
 
     comp = sub.add_parser("compact", help="reclaim the space of deleted records")
     comp.add_argument("store")
