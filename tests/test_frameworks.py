@@ -8,7 +8,7 @@ import pytest
 from loaderx.converter import from_iterator, from_numpy
 from loaderx.dataloader import DataLoader
 from loaderx.dataset import DenseDataset, RaggedDataset, pad
-from loaderx.frameworks import prefetch_to_device, to_torch, torch_batches
+from loaderx.frameworks import Zip, prefetch_to_device, to_torch, torch_batches
 
 N = 200
 DATA = np.arange(N * 8, dtype=np.float32).reshape(N, 8) * 0.25
@@ -41,6 +41,33 @@ def test_torch_dataloader_with_worker_processes(dense_path, context):
     rows = torch.cat(list(shuffled)).numpy()
     np.testing.assert_array_equal(rows[np.argsort(rows[:, 0])], DATA)
     np.testing.assert_array_equal(ds[7], DATA[7])  # the parent still works
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_torch_images_with_labels(dense_path, tmp_path, context):
+    torch = pytest.importorskip("torch")
+    labels = np.arange(N) % 7
+    from_numpy(tmp_path / "labels", labels)
+    pairs = Zip(DenseDataset(dense_path), DenseDataset(tmp_path / "labels"))
+    gen = torch.Generator().manual_seed(0)
+    loader = torch.utils.data.DataLoader(pairs, batch_size=32, shuffle=True, generator=gen,
+                                         num_workers=2, collate_fn=to_torch,
+                                         multiprocessing_context=context)
+    images, targets = (torch.cat(t).numpy() for t in zip(*loader))
+    order = np.argsort(images[:, 0])
+    np.testing.assert_array_equal(images[order], DATA)
+    np.testing.assert_array_equal(targets[order], labels)
+
+
+def test_zip_pairs_records_without_a_framework(dense_path, tmp_path):
+    from_numpy(tmp_path / "labels", np.arange(N) % 7)
+    pairs = Zip(DenseDataset(dense_path), DenseDataset(tmp_path / "labels"))
+    x, y = pairs.__getitems__([5, 1, 9])
+    np.testing.assert_array_equal(x, DATA[[5, 1, 9]])
+    np.testing.assert_array_equal(y, np.array([5, 1, 9]) % 7)
+    assert len(pairs) == N and pairs[3][1] == 3
+    with pytest.raises(ValueError, match="one length"):
+        Zip(DenseDataset(dense_path), DenseDataset(tmp_path / "labels").subset([0]))
 
 
 def test_torch_ragged_recipe(tmp_path):

@@ -14,6 +14,13 @@ in one call, so pass ``collate_fn=torch.from_numpy``::
     torch.utils.data.DataLoader(DenseDataset(path), batch_size=256, shuffle=True,
                                 num_workers=4, collate_fn=torch.from_numpy)
 
+Images with their labels for PyTorch's ``DataLoader``: :class:`Zip` pairs datasets record by
+record (one gather per dataset per batch), and ``to_torch`` turns the tuple into tensors::
+
+    torch.utils.data.DataLoader(Zip(DenseDataset(images), DenseDataset(labels)),
+                                batch_size=256, shuffle=True, num_workers=4,
+                                collate_fn=to_torch)          # (images, labels) tensors
+
 JAX, batches put on the devices a few steps ahead of the step that needs them::
 
     for batch in prefetch_to_device(loader, size=2, sharding=sharding):
@@ -26,7 +33,31 @@ import collections
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["prefetch_to_device", "to_torch", "torch_batches"]
+__all__ = ["Zip", "prefetch_to_device", "to_torch", "torch_batches"]
+
+
+class Zip:
+    """Record ``i`` of several datasets of one length, as one map-style dataset of tuples:
+    ``zip[i]`` is ``(a[i], b[i], ...)`` and ``zip.__getitems__(idxs)`` (what PyTorch's
+    ``DataLoader`` calls for a batch) is one gather per dataset, ``(a[idxs], b[idxs], ...)``.
+    Pickles as its datasets do (by path), so it travels to worker processes."""
+
+    def __init__(self, *datasets: Any) -> None:
+        if not datasets:
+            raise ValueError("Zip needs at least one dataset")
+        lengths = [len(d) for d in datasets]
+        if len(set(lengths)) != 1:
+            raise ValueError(f"Zip needs datasets of one length, got {lengths}")
+        self.datasets = datasets
+
+    def __len__(self) -> int:
+        return len(self.datasets[0])
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        return tuple(d[index] for d in self.datasets)
+
+    def __getitems__(self, indices: Any) -> tuple[Any, ...]:
+        return tuple(d.__getitems__(indices) for d in self.datasets)
 
 
 def to_torch(batch: Any) -> Any:
