@@ -13,6 +13,7 @@ import loaderx.converter
 import loaderx.dataloader
 import loaderx.dataset
 import loaderx.sharding
+import loaderx.subset
 import loaderx.zrecord
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
@@ -27,7 +28,8 @@ def test_readme_examples_run(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("module", [loaderx.zrecord, loaderx.converter, loaderx.dataset,
-                                    loaderx.dataloader, loaderx.concat, loaderx.sharding])
+                                    loaderx.dataloader, loaderx.concat, loaderx.sharding,
+                                    loaderx.subset])
 def test_module_doctests(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
