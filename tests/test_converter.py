@@ -352,3 +352,18 @@ def test_progress_bar_when_asked(tmp_path, monkeypatch):
     from_numpy(tmp_path / "e", np.zeros((10, 4), np.uint8), progress=False)
     from_numpy(tmp_path / "f", np.zeros((10, 4), np.uint8))  # stderr is not a terminal here
     assert updates == []
+
+
+def test_progress_shows_the_dictionary_training_and_a_sized_total(tmp_path, monkeypatch, capsys):
+    """Without tqdm, the one-line display says when the dictionary is being trained (no record
+    is written then), and from_iterator over a list shows a total."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    rng = np.random.default_rng(0)
+    recs = [rng.integers(0, 4, 300, dtype=np.uint8) for _ in range(400)]
+    from_iterator(tmp_path / "d", recs, codec="zstd_dict", progress=True)
+    err = capsys.readouterr().err
+    assert "training the zstd dictionary..." in err
+    assert "400/400 records" in err and "100.0%" in err
+    from_numpy(tmp_path / "n", np.stack(recs), codec="zstd_dict", progress=True)
+    assert "training the zstd dictionary..." in capsys.readouterr().err

@@ -25,11 +25,12 @@ again, so the store is left as it was.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from typing import Any
 
 import numpy as np
@@ -92,10 +93,11 @@ def from_numpy(
     existing = _existing_schema(path, overwrite)
     with _Conversion(path, wanted, existing, overwrite, n, checksums) as conv:
         rows = max(1, _positive(chunk_bytes, "chunk_bytes") // max(row_bytes, 1))
-        if wanted.codec == "zstd_dict" and n:
-            conv.ensure_dict(_dense_sample(arr, row_bytes), dict_size)
         offsets = np.arange(rows, dtype=np.uint64) * np.uint64(row_bytes)
         with _progress(progress, n, str(path)) as bar:
+            if wanted.codec == "zstd_dict" and n:
+                with _phase(bar, "training the zstd dictionary"):
+                    conv.ensure_dict(_dense_sample(arr, row_bytes), dict_size)
             for start in range(0, n, rows):
                 block = np.ascontiguousarray(arr[start:start + rows])
                 conv.append(block, offsets[: len(block)])
@@ -143,8 +145,9 @@ def from_iterator(
                             _extra(schema, "ragged", dtype, trail))
     wanted.to_bytes()  # an unencodable or oversized schema= fails before any store is touched
     _check_record(rec, wanted, 0)
+    total = len(source) if isinstance(source, Sized) else None
     with _Conversion(path, wanted, existing, overwrite, None, checksums) as conv:
-        with _progress(progress, None, str(path)) as bar:
+        with _progress(progress, total, str(path)) as bar:
             pending: list[np.ndarray] = [rec]
             size = rec.nbytes
             count = 1
@@ -152,7 +155,8 @@ def from_iterator(
             for item in items:
                 if size >= limit:
                     if not trained:
-                        conv.ensure_dict(pending, dict_size)
+                        with _phase(bar, "training the zstd dictionary"):
+                            conv.ensure_dict(pending, dict_size)
                         trained = True
                     conv.append_records(pending)
                     bar.update(len(pending))
@@ -163,7 +167,8 @@ def from_iterator(
                 size += rec.nbytes
                 count += 1
             if not trained:
-                conv.ensure_dict(pending, dict_size)
+                with _phase(bar, "training the zstd dictionary"):
+                    conv.ensure_dict(pending, dict_size)
             conv.append_records(pending)
             bar.update(len(pending))
         return conv.finish()
@@ -432,6 +437,7 @@ class _TextBar:
 
     def __init__(self, total: int | None, desc: str) -> None:
         self.total, self.desc, self.n = total, desc, 0
+        self.text = ""
         self.start = self.shown = time.monotonic()
 
     def update(self, n: int) -> None:
@@ -441,11 +447,17 @@ class _TextBar:
             self.shown = now
             self._draw(now)
 
+    def note(self, text: str) -> None:
+        """Shows ``text`` after the counts until the next note (an empty one clears it)."""
+        self.text = text
+        self._draw(time.monotonic())
+
     def _draw(self, now: float) -> None:
         rate = self.n / max(now - self.start, 1e-9)
         done = f"{self.n}/{self.total}" if self.total else f"{self.n}"
         pct = f" {100 * self.n / self.total:5.1f}%" if self.total else ""
-        sys.stderr.write(f"\r{self.desc}: {done} records{pct}, {rate:,.0f} rec/s")
+        extra = f", {self.text}" if self.text else ""
+        sys.stderr.write(f"\r{self.desc}: {done} records{pct}, {rate:,.0f} rec/s{extra}\x1b[K")
         sys.stderr.flush()
 
     def __enter__(self) -> _TextBar:
@@ -455,6 +467,20 @@ class _TextBar:
         self._draw(time.monotonic())
         sys.stderr.write("\n")
         sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def _phase(bar: Any, what: str) -> Iterator[None]:
+    """Shows ``what`` on the progress display while it runs (a long step that writes no
+    record, such as training the dictionary, would otherwise look stuck at 0)."""
+    show = getattr(bar, "set_postfix_str", None) or getattr(bar, "note", None)
+    if show is not None:
+        show(what + "...")
+    try:
+        yield
+    finally:
+        if show is not None:
+            show("")
 
 
 def _progress(progress: bool | None, total: int | None, desc: str) -> Any:
