@@ -8,6 +8,9 @@ Workload: 20000 records of 12 KiB (the store benchmark's data) plus int64 labels
   loader's exact indices, one new array per stream per batch: what the pipeline costs over the
   store is the ratio of the two;
 * loaderx, no recycling -- the loader with its buffer pool disabled (every batch a fresh array);
+* loaderx, finite pass -- ``loader.epoch()``, every record once in index order (its own worker
+  threads, started inside the timing);
+* loaderx, in process -- ``num_workers=0``: each batch built on the consumer's thread;
 * torch -- ``torch.utils.data.DataLoader`` over a map-style dataset on the ``np.load(mmap_mode='r')``
   arrays, 4 worker processes, ``persistent_workers=True``, shuffled, batches of 256; the better of
   per-item fetching and batched ``__getitems__`` fetching;
@@ -67,17 +70,24 @@ def time_iter(it, batches: int, warm: int = 20) -> float:
 # -- loaderx -------------------------------------------------------------------------------------
 
 
-def loaderx_run(root: pathlib.Path, kind: str, batches: int, transform=None, recycle=True):
+def loaderx_run(root: pathlib.Path, kind: str, batches: int, transform=None, recycle=True,
+                workers=WORKERS, finite=False):
     from loaderx.dataloader import DataLoader
     from loaderx.dataset import DenseDataset
 
     streams = {"data": DenseDataset(root / f"data-{kind}"), "label": DenseDataset(root / "label")}
     kw = {} if transform is None else {"transform": transform}
-    with DataLoader(streams, batch_size=BATCH, num_workers=WORKERS, **kw) as loader:
+    with DataLoader(streams, batch_size=BATCH, num_workers=workers, **kw) as loader:
         if not recycle:
             for pool in loader._pipe.pools:
                 pool.keep = 0
-        elapsed = time_iter(loader, batches)
+        if finite:  # one pass in index order, N / BATCH batches
+            t = time.perf_counter()
+            n = sum(1 for _ in loader.epoch())
+            assert n == batches, n
+            elapsed = time.perf_counter() - t
+        else:
+            elapsed = time_iter(loader, batches)
     for ds in streams.values():
         ds.close()
     return elapsed
@@ -286,6 +296,11 @@ def main(repeats: int = 5) -> None:
         measure("gathers (raw store)", lambda: gathers_run(root, "raw", fast), fast)
         measure("loaderx, no recycling", lambda: loaderx_run(root, "zstd", fast, recycle=False),
                 fast)
+        passes = -(-N // BATCH)
+        measure("loaderx, finite pass (epoch)",
+                lambda: loaderx_run(root, "zstd", passes, finite=True), passes)
+        measure("loaderx, in process (num_workers=0)",
+                lambda: loaderx_run(root, "zstd", fast, workers=0), fast)
         measure("loaderx-raw, no recycling",
                 lambda: loaderx_run(root, "raw", fast, recycle=False), fast)
         torch_note = ""

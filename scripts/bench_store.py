@@ -317,9 +317,59 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+DICT_SCRIPT = """
+import sys, time, numpy as np
+from loaderx.converter import from_numpy
+data = np.load(sys.argv[1], mmap_mode="r")
+t = time.perf_counter()
+from_numpy(sys.argv[2], data, codec="zstd_dict")
+print(time.perf_counter() - t)
+"""
+
+
+def dict_write(repeats: int = 3, n: int = 2400, size: int = 12 * 1024) -> str:
+    """``from_numpy(codec="zstd_dict")`` (dictionary training plus level-19 compression) in
+    MiB/s: loaderx on all cores, loaderx on one (``LOADERX_NUM_THREADS=1``), and loaderx 0.9.11
+    from its virtual environment when there is one; each conversion in its own process."""
+    import subprocess
+    import sys
+
+    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-dict-"))
+    ref = pathlib.Path(__file__).resolve().parent.parent / ".cache" / "loaderx-0.9.11-venv"
+    try:
+        np.save(root / "data.npy", make_data(n, size))
+        mib = n * size / 2**20
+        pythons = {"loaderx (all cores)": (sys.executable, {}),
+                   "loaderx (1 thread)": (sys.executable, {"LOADERX_NUM_THREADS": "1"})}
+        if (ref / "bin" / "python").exists():
+            pythons["loaderx 0.9.11"] = (str(ref / "bin" / "python"), {})
+        times: dict[str, list[float]] = {k: [] for k in pythons}
+        for r in range(repeats):
+            for name, (py, env) in pythons.items():
+                out = root / f"out-{r}-{len(times[name])}-{name.split()[-1].strip(')')}"
+                p = subprocess.run([py, "-c", DICT_SCRIPT, str(root / "data.npy"), str(out)],
+                                   capture_output=True, text=True, env={**os.environ, **env},
+                                   cwd=ref if "0.9.11" in name else None)
+                if p.returncode == 0:
+                    times[name].append(float(p.stdout.strip().splitlines()[-1]))
+                shutil.rmtree(out, ignore_errors=True)
+        lines = [f"\nzstd_dict conversion of {n} records of {size // 1024} KiB ({mib:.1f} MiB), "
+                 f"medians of {repeats}:\n", "| converter | MiB/s | vs 1 thread |",
+                 "|---|---|---|"]
+        one = statistics.median(times["loaderx (1 thread)"])
+        for name, ts in times.items():
+            if ts:
+                t = statistics.median(ts)
+                lines.append(f"| {name} | {mib / t:.2f} | {one / t:.2f}x |")
+        return "\n".join(lines)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main(repeats: int = 5) -> None:
     print("\n## Store: zrecord against the alternatives (medians of %d runs)" % repeats)
     print(table(run(repeats)))
+    print(dict_write(min(repeats, 3)))
 
 
 if __name__ == "__main__":
