@@ -21,6 +21,7 @@ Subsets pickle by the dataset's path and their indices, so they travel to worker
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -67,6 +68,11 @@ class Subset:
     def indices(self) -> np.ndarray:
         """Each record's index in :attr:`dataset` (read-only uint64 array)."""
         return self._indices
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """A short digest of :attr:`indices` (computed once: they are read-only)."""
+        return hashlib.sha1(self._indices.tobytes()).hexdigest()[:16]
 
     @property
     def dtype(self) -> np.dtype:
@@ -149,7 +155,7 @@ def view_id(dataset: Any) -> str:
     indices, "" for a whole dataset. Paths are left out on purpose (a dataset copied elsewhere
     is the same data); lengths are checked apart."""
     if isinstance(dataset, Subset):
-        return hashlib.sha1(dataset.indices.tobytes()).hexdigest()[:16]
+        return dataset.digest
     return ""
 
 
