@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 
 use crate::codec::Decoder;
 use crate::error::Result;
-use crate::format::Codec;
+use crate::format::{Codec, RecordLoc};
 use crate::gather::{for_record, Slot};
 use crate::pool::run_io;
 use crate::store::Store;
@@ -43,14 +43,7 @@ impl Store {
         if n == 0 || !probing() {
             return false;
         }
-        let picks = [0, n / 2, n - 1];
-        let cold = picks.iter().take(PROBES.min(n)).any(|&i| {
-            let loc = &slots[i].loc;
-            match self.chunks.get(u64::from(loc.chunk_id)) {
-                Ok(chunk) => !chunk.resident(u64::from(loc.offset), u64::from(loc.phys_length)),
-                Err(_) => false, // the copy path reports it, naming the record
-            }
-        });
+        let cold = self.sample_is_cold(n, |i| slots[i].loc);
         if self.recently_cold.load(Ordering::Relaxed) != cold {
             self.recently_cold.store(cold, Ordering::Relaxed);
         }
@@ -84,42 +77,35 @@ impl Store {
         let _guard = self.activity.shared("prefetch")?;
         let len = self.len();
         let live: Vec<u64> = indices.iter().copied().filter(|&i| i < len).collect();
-        let n = live.len();
-        let cached = |&i: &usize| {
-            let loc = self.meta.entry(live[i]);
-            self.chunks
-                .get(u64::from(loc.chunk_id))
-                .is_ok_and(|c| c.resident(u64::from(loc.offset), u64::from(loc.phys_length)))
-        };
-        if n == 0 || [0, n / 2, n - 1].iter().take(PROBES).all(cached) {
+        if live.is_empty() || !self.sample_is_cold(live.len(), |i| self.meta.entry(live[i])) {
             return Ok(false);
         }
         self.recently_cold.store(true, Ordering::Relaxed);
-        let mut ranges: Vec<(u16, u64, u64)> = live
-            .iter()
-            .map(|&i| {
-                let loc = self.meta.entry(i);
-                (loc.chunk_id, u64::from(loc.offset), u64::from(loc.phys_length))
-            })
-            .filter(|r| r.2 > 0)
-            .collect();
+        let ranges = live.iter().map(|&i| {
+            let loc = self.meta.entry(i);
+            let start = u64::from(loc.offset);
+            (u64::from(loc.chunk_id), start, start + u64::from(loc.phys_length))
+        });
         // In file order, neighbours merged: fewer, larger requests.
-        ranges.sort_unstable();
-        let mut merged: Vec<(u16, u64, u64)> = Vec::with_capacity(ranges.len());
-        for (chunk, start, len) in ranges {
-            match merged.last_mut() {
-                Some(last) if last.0 == chunk && start <= last.1 + last.2 => {
-                    last.2 = last.2.max(start + len - last.1);
-                }
-                _ => merged.push((chunk, start, len)),
-            }
-        }
-        for (chunk, start, len) in merged {
-            if let Ok(c) = self.chunks.get(u64::from(chunk)) {
-                c.prefetch(start, len);
+        for (chunk, start, end) in merge_spans(ranges, 0) {
+            if let Ok(c) = self.chunks.get(chunk) {
+                c.prefetch(start, end - start);
             }
         }
         Ok(true)
+    }
+
+    /// Whether one of the first, middle and last of `n` records (table entries by `loc_of`) is
+    /// not in memory: the probe gathers and prefetches decide by. A chunk that cannot be opened
+    /// counts as resident: the read that follows reports it, naming the record.
+    fn sample_is_cold(&self, n: usize, loc_of: impl Fn(usize) -> RecordLoc) -> bool {
+        let picks = [0, n / 2, n.saturating_sub(1)];
+        picks.iter().take(PROBES.min(n)).any(|&i| {
+            let loc = loc_of(i);
+            self.chunks
+                .get(u64::from(loc.chunk_id))
+                .is_ok_and(|c| !c.resident(u64::from(loc.offset), u64::from(loc.phys_length)))
+        })
     }
 
     /// Whether the last gather (or prefetch) of this handle found records that were not in
@@ -127,4 +113,22 @@ impl Store {
     pub fn recently_cold(&self) -> bool {
         self.recently_cold.load(Ordering::Relaxed)
     }
+}
+
+/// `(chunk, start, end)` byte ranges sorted and merged into spans: ranges of one chunk that
+/// overlap or lie within `gap` bytes of each other become one. Empty ranges are dropped.
+pub(crate) fn merge_spans(
+    ranges: impl Iterator<Item = (u64, u64, u64)>,
+    gap: u64,
+) -> Vec<(u64, u64, u64)> {
+    let mut ranges: Vec<(u64, u64, u64)> = ranges.filter(|r| r.2 > r.1).collect();
+    ranges.sort_unstable();
+    let mut spans: Vec<(u64, u64, u64)> = Vec::with_capacity(ranges.len());
+    for (chunk, start, end) in ranges {
+        match spans.last_mut() {
+            Some(last) if last.0 == chunk && start <= last.2 + gap => last.2 = last.2.max(end),
+            _ => spans.push((chunk, start, end)),
+        }
+    }
+    spans
 }

@@ -20,6 +20,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::cold::merge_spans;
 use crate::error::{Error, Result};
 use crate::format::{chunk_file_name, RecordLoc, MAX_CHUNKS};
 use crate::store::{Store, WriterState};
@@ -225,15 +226,7 @@ impl Store {
                 }
             }
         }
-        ranges.sort_unstable();
-        let mut spans: Vec<(u64, u64, u64)> = Vec::new();
-        for (chunk, start, end) in ranges {
-            match spans.last_mut() {
-                Some(last) if last.0 == chunk && start <= last.2 + PAGE => last.2 = last.2.max(end),
-                _ => spans.push((chunk, start, end)),
-            }
-        }
-        for (chunk, start, end) in spans {
+        for (chunk, start, end) in merge_spans(ranges.into_iter(), PAGE) {
             if let Ok(c) = self.chunks.get(chunk) {
                 let from = start / PAGE * PAGE;
                 c.drop_cache(from, end.div_ceil(PAGE) * PAGE - from);

@@ -235,26 +235,12 @@ fn check(file: &File, path: &Path) -> Result<()> {
     }
 }
 
-/// Creates `gen.zr` once: built under a temporary name, synced, and renamed into place only if
-/// no other handle made it first (the first file made is the one every handle maps).
+/// Creates `gen.zr` unless it exists (`create_once`: the first file made is the one every
+/// handle maps).
 fn create(dir: &Path, path: &Path, disk: &Disk) -> Result<()> {
     if path.symlink_metadata().is_ok() {
         return Ok(());
     }
-    let tmp = dir.join(format!(".{EPOCH_FILE}.{}.tmp", std::process::id()));
-    let build = || -> std::io::Result<bool> {
-        let f = disk.create_exclusive(&tmp)?;
-        disk.write_at(&f, &tmp, 0, bytemuck::bytes_of(&EpochHeader::new()))?;
-        disk.sync_file(&f, &tmp)?;
-        disk.rename_noreplace(&tmp, path)
-    };
-    let result = build();
-    if !matches!(result, Ok(true)) {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    match result {
-        Ok(true) => disk.sync_dir(dir).map_err(|e| Error::io(dir, e)),
-        Ok(false) => Ok(()),
-        Err(e) => Err(Error::io(path, e)),
-    }
+    let header = EpochHeader::new();
+    crate::store::create_once(disk, dir, path, bytemuck::bytes_of(&header), EPOCH_BYTES)
 }

@@ -719,23 +719,42 @@ fn open_meta(path: &Path) -> Result<(File, Option<i32>)> {
     Ok((file, errno))
 }
 
-/// Creates `meta.zr` atomically: a sparse file with an empty header is built under a temporary
-/// name and linked into place, so a concurrent creator or a crash never leaves a half-made one.
+/// Creates `meta.zr`: a sparse file with an empty header (see `create_once`).
 fn create_meta(disk: &Disk, dir: &Path, meta_path: &Path) -> Result<()> {
-    let tmp = dir.join(format!(".meta.zr.{}.tmp", std::process::id()));
-    let build = || -> std::io::Result<()> {
+    create_once(disk, dir, meta_path, bytemuck::bytes_of(&Header::empty()), META_BYTES)
+}
+
+/// Creates `path` holding `data` at the start of a `len`-byte file (sparse past `data`) unless
+/// it exists: built under a temporary name, synced, and renamed into place only if no other
+/// creator got there first (the first file made is the one every handle uses), so a concurrent
+/// creator or a crash never leaves a half-made one.
+pub(crate) fn create_once(
+    disk: &Disk,
+    dir: &Path,
+    path: &Path,
+    data: &[u8],
+    len: u64,
+) -> Result<()> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let build = || -> std::io::Result<bool> {
         let f = disk.create_exclusive(&tmp)?;
-        disk.set_len(&f, &tmp, META_BYTES)?;
-        disk.write_at(&f, &tmp, 0, bytemuck::bytes_of(&Header::empty()))?;
-        disk.sync_file(&f, &tmp)
+        if len > data.len() as u64 {
+            disk.set_len(&f, &tmp, len)?;
+        }
+        disk.write_at(&f, &tmp, 0, data)?;
+        disk.sync_file(&f, &tmp)?;
+        disk.rename_noreplace(&tmp, path)
     };
-    let result = build().and_then(|()| match std::fs::hard_link(&tmp, meta_path) {
-        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()), // another creator won
-        other => other,
-    });
-    let _ = std::fs::remove_file(&tmp);
-    result.map_err(|e| Error::io(meta_path, e))?;
-    disk.sync_dir(dir).map_err(|e| Error::io(dir, e))
+    let result = build();
+    if !matches!(result, Ok(true)) {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    match result {
+        Ok(true) => disk.sync_dir(dir).map_err(|e| Error::io(dir, e)),
+        Ok(false) => Ok(()), // another creator won
+        Err(e) => Err(Error::io(path, e)),
+    }
 }
 
 /// Writes `data` at the start of a `len`-byte file (sparse past `data`) under a temporary name,
