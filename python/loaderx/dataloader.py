@@ -557,9 +557,7 @@ class _Pipeline:
                     return
                 step, generation = self.claim, self.generation
                 self.claim += 1
-                # The steps after this one that nobody has asked the kernel for yet.
-                ahead = range(max(self.prefetched_to, step + 1), step + 1 + self.readahead)
-                self.prefetched_to = max(self.prefetched_to, ahead.stop)
+                ahead = self._steps_ahead(step)
             if ahead and self._going_to_disk():
                 self._read_ahead(ahead)
             try:
@@ -596,13 +594,19 @@ class _Pipeline:
             step = self.next_step
             if self.steps is not None and step >= self.steps:
                 raise StopIteration
-            ahead = range(max(self.prefetched_to, step + 1), step + 1 + self.readahead)
-            self.prefetched_to = max(self.prefetched_to, ahead.stop)
+            ahead = self._steps_ahead(step)
             if ahead and self._going_to_disk():
                 self._read_ahead(ahead)
             item = self._produce(step)
             self.next_step = step + 1
             return item
+
+    def _steps_ahead(self, step: int) -> range:
+        """The steps after ``step`` that nobody has asked the kernel for yet, now marked as
+        asked for. Called under the condition."""
+        ahead = range(max(self.prefetched_to, step + 1), step + 1 + self.readahead)
+        self.prefetched_to = max(self.prefetched_to, ahead.stop)
+        return ahead
 
     def _going_to_disk(self) -> bool:
         """Whether the last reads of some stream found records not in memory: readahead runs
