@@ -51,9 +51,9 @@ impl Dictionary {
 }
 
 /// Trains a dictionary of at most `max_size` bytes on `samples`, the concatenation of samples
-/// whose sizes are `sizes`.
+/// whose sizes are `sizes`, on the compute pool's number of threads.
 pub fn train(samples: &[u8], sizes: &[usize], max_size: usize) -> io::Result<Vec<u8>> {
-    zstd::dict::from_continuous(samples, sizes, max_size)
+    crate::dict_training::train(samples, sizes, max_size, crate::pool::num_threads())
 }
 
 /// One shard's compression contexts and scratch space.

@@ -22,6 +22,7 @@ mod codec;
 mod cold;
 mod compact;
 mod delete;
+mod dict_training;
 pub mod disk;
 mod epoch;
 mod error;
