@@ -184,6 +184,26 @@ def cmd_copy(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_pack(args: argparse.Namespace) -> int:
+    from loaderx.archive import pack
+
+    _store_dir(args.src)
+    r = pack(args.src, args.archive)
+    print(f"{args.archive}: {r['records']} records, {r['bytes_packed']} bytes of data of "
+          f"{r['apparent_bytes']} apparent (holes kept), archive {r['archive_bytes']} bytes")
+    return EXIT_OK
+
+
+def cmd_unpack(args: argparse.Namespace) -> int:
+    from loaderx.archive import unpack
+
+    r = unpack(args.archive, args.dst)
+    print(f"{args.dst}: {r['records']} records, {r['bytes_written']} bytes written (holes "
+          f"kept); verified: {r['verify']['checked']} against checksums, "
+          f"{r['verify']['unchecked']} decoded without one")
+    return EXIT_OK
+
+
 def cmd_compact(args: argparse.Namespace) -> int:
     with _open(args.store) as z:
         r = z.compact()
@@ -246,6 +266,18 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("src")
     cp.add_argument("dst", help="a new directory")
     cp.set_defaults(run=cmd_copy)
+
+    pk = sub.add_parser("pack", help="write a store or dataset into one tar archive, holes "
+                                     "kept (compressed by suffix: .tar.gz, .tar.xz, .tar.bz2)")
+    pk.add_argument("src")
+    pk.add_argument("archive", help="a new file")
+    pk.set_defaults(run=cmd_pack)
+
+    up = sub.add_parser("unpack", help="unpack a store archive (from pack or tar --sparse) "
+                                       "into a new directory, then verify it")
+    up.add_argument("archive")
+    up.add_argument("dst", help="a new directory")
+    up.set_defaults(run=cmd_unpack)
 
     comp = sub.add_parser("compact", help="reclaim the space of deleted records")
     comp.add_argument("store")

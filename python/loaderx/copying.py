@@ -12,17 +12,37 @@ the lock and the check).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import shutil
+from collections.abc import Iterator
 from typing import Any
 
 from loaderx import _schema
 from loaderx.errors import CorruptStoreError, DatasetError
 from loaderx.zrecord import Zrecord
 
-__all__ = ["copy"]
+__all__ = ["copy", "data_regions", "held_still", "store_files", "verified"]
 
 _BLOCK = 8 << 20
+
+
+def data_regions(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """The ``(offset, length)`` of each data region of the open file ``fd`` of ``size`` bytes,
+    in order (``SEEK_DATA``/``SEEK_HOLE``); a file system without holes gives one region."""
+    at = 0
+    while at < size:
+        try:
+            start = os.lseek(fd, at, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # nothing but a hole from here
+                return
+            raise
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        if end > start:
+            yield start, end - start
+        at = end
 
 
 def _copy_sparse(src: str, dst: str) -> int:
@@ -35,15 +55,8 @@ def _copy_sparse(src: str, dst: str) -> int:
         fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         try:
             os.ftruncate(fout, size)
-            at = 0
-            while at < size:
-                try:
-                    start = os.lseek(fin, at, os.SEEK_DATA)
-                except OSError as e:
-                    if e.errno == errno.ENXIO:  # nothing but a hole from here
-                        break
-                    raise
-                end = os.lseek(fin, start, os.SEEK_HOLE)
+            for start, length in data_regions(fin, size):
+                end = start + length
                 while start < end:
                     chunk = os.pread(fin, min(_BLOCK, end - start), start)
                     if not chunk:
@@ -51,7 +64,6 @@ def _copy_sparse(src: str, dst: str) -> int:
                     os.pwrite(fout, chunk, start)
                     start += len(chunk)
                     copied += len(chunk)
-                at = end
             os.fsync(fout)
         finally:
             os.close(fout)
@@ -60,46 +72,65 @@ def _copy_sparse(src: str, dst: str) -> int:
     return copied
 
 
+def store_files(src: str) -> list[str]:
+    """The names of the files a store directory holds (no temporaries, links or folders)."""
+    return [name for name in sorted(os.listdir(src))
+            if os.path.isfile(os.path.join(src, name))
+            and not os.path.islink(os.path.join(src, name)) and ".tmp" not in name]
+
+
+@contextlib.contextmanager
+def held_still(src: str) -> Iterator[None]:
+    """While inside, nobody writes the store ``src``: its writer lock is held when it can be
+    taken (a read-only store cannot be written by anyone of ours either), and what was
+    written before is synced."""
+    if not _schema.is_store(src):
+        raise DatasetError(f"{src} is not a loaderx store (no {_schema.META_FILE})")
+    source = Zrecord(src)
+    try:
+        try:
+            source.lock_for_writing()  # nobody writes it while it is read (else busy)
+        except OSError:
+            pass
+        source.sync()
+        yield
+    finally:
+        source.close()
+
+
+def verified(path: str, what: str) -> tuple[int, dict[str, Any]]:
+    """Opens the store ``path``, decodes every record and returns ``(records, report)``;
+    raises CorruptStoreError naming ``what`` if a record fails."""
+    with Zrecord(path) as z:
+        report = z.verify()
+        records = len(z)
+    if report["failures"]:
+        raise CorruptStoreError(f"{what} {path} does not verify: {report['failures'][:3]}")
+    return records, report
+
+
 def copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> dict[str, Any]:
     """Copies the store (or dataset) ``src`` to the new directory ``dst``, holes kept, then
     checks the copy by decoding every record. Returns ``records``, ``bytes_copied``,
     ``apparent_bytes`` and the copy's ``verify()`` report. ``dst`` must not exist."""
     src, dst = os.fspath(src), os.fspath(dst)
-    if not _schema.is_store(src):
-        raise DatasetError(f"{src} is not a loaderx store (no {_schema.META_FILE})")
     if os.path.lexists(dst):
         raise DatasetError(f"{dst} exists; copy makes a new directory")
-    source = Zrecord(src)
-    try:
-        try:
-            source.lock_for_writing()  # nobody writes it while it is copied (else busy)
-        except OSError:
-            pass  # a read-only source: nobody of ours can write it either
-        source.sync()
+    with held_still(src):
         tmp = f"{dst.rstrip(os.sep)}.copying-{os.getpid()}"
         os.makedirs(tmp)
         copied = apparent = 0
         try:
-            for name in sorted(os.listdir(src)):
+            for name in store_files(src):
                 path = os.path.join(src, name)
-                if not os.path.isfile(path) or os.path.islink(path) or ".tmp" in name:
-                    continue
                 copied += _copy_sparse(path, os.path.join(tmp, name))
                 apparent += os.path.getsize(path)
             _schema.fsync_dir(tmp)
             os.rename(tmp, dst)
             _schema.fsync_dir(os.path.dirname(os.path.abspath(dst)))
         except BaseException:
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    finally:
-        source.close()
-    with Zrecord(dst) as z:
-        report = z.verify()
-        records = len(z)
-    if report["failures"]:
-        raise CorruptStoreError(f"the copy {dst} does not verify: {report['failures'][:3]}")
+    records, report = verified(dst, "the copy")
     return {"records": records, "bytes_copied": copied, "apparent_bytes": apparent,
             "verify": report}
