@@ -33,3 +33,17 @@ def test_unknown_codecs_and_modes_are_type_errors(tmp_path):
     r = mypy(str(bad))
     assert r.returncode == 1
     assert "lz4" in r.stdout and "shuffle" in r.stdout, r.stdout
+
+
+def test_dataset_reads_are_typed_arrays(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from loaderx import DenseDataset, RaggedDataset\n"
+        "a: str = DenseDataset('d')[1:3]\n"
+        "b: str = RaggedDataset('r')[[0, 1]]\n"
+        "c: str = RaggedDataset('r')[0]\n")
+    r = mypy(str(bad))
+    assert r.returncode == 1
+    lines = [line for line in r.stdout.splitlines() if ": error:" in line]
+    assert len(lines) == 3, r.stdout
+    assert "ndarray" in lines[0] and "list[ndarray" in lines[1] and "ndarray" in lines[2], r.stdout

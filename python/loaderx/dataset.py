@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, SupportsIndex, overload
 
 import numpy as np
+import numpy.typing as npt
 
 from loaderx import _schema
 from loaderx._recycle import aligned_empty
@@ -200,7 +201,15 @@ class DenseDataset(_StoreView):
         """Bytes of one record."""
         return self._row_bytes
 
+    @overload
+    def __getitem__(self, idx: SupportsIndex | tuple[Any, ...]) -> Any: ...
+    @overload
+    def __getitem__(self, idx: slice | Sequence[int] | npt.NDArray[Any]) -> npt.NDArray[Any]: ...
+
     def __getitem__(self, idx: Any) -> Any:
+        """``ds[i]``: one record (a NumPy scalar when records are scalars); a slice, a list,
+        an integer array or a boolean mask: an array of records; a tuple indexes further into
+        the records, as NumPy does."""
         if isinstance(idx, tuple):
             if not idx:
                 raise IndexError("an empty tuple is not a dataset index")
@@ -258,6 +267,12 @@ class RaggedDataset(_StoreView):
     """
 
     _kind = "ragged"
+
+    @overload
+    def __getitem__(self, idx: int | np.integer[Any]) -> npt.NDArray[Any]: ...
+    @overload
+    def __getitem__(
+        self, idx: slice | Sequence[int] | npt.NDArray[Any]) -> list[npt.NDArray[Any]]: ...
 
     def __getitem__(self, idx: Any) -> Any:
         one = _one_index(idx, len(self))
