@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use crate::codec::Encoder;
 use crate::error::{Error, Result};
 use crate::format::{Codec, RecordLoc, MAX_CHUNKS, MAX_RECORDS, MAX_RECORD_BYTES};
-use crate::pool::run_sharded;
+use crate::pool::{run_balanced, run_sharded};
 use crate::store::Store;
 use crate::sums::{binding, record_sum, SumEntry};
 
@@ -194,7 +194,7 @@ impl Store {
         // Each shard files its buffer under its first record's index; compression is the costly
         // part, so the shard count is driven by a generous byte estimate.
         let outputs = Mutex::new(Vec::<(usize, Vec<u8>)>::new());
-        run_sharded(&mut records, src.len() * 8, |block: &mut [Pending]| -> Result<()> {
+        run_balanced(&mut records, src.len() * 8, |block: &mut [Pending]| -> Result<()> {
             let mut encoder = Encoder::new(dict, self.has_checksums());
             let mut out = Vec::new();
             for r in block.iter_mut() {

@@ -180,6 +180,33 @@ where
 {
     let by_bytes = total_bytes / MIN_SHARD_BYTES;
     let shards = num_threads().min(max_shards).min(items.len()).min(by_bytes.max(1));
+    run_blocks(items, shards, work)
+}
+
+/// [`run_sharded`] for work whose cost per item varies (compression: some records take far
+/// longer than others): several blocks per thread, taken by whichever thread is free, so that
+/// one slow block does not leave the other cores idle at the end.
+pub fn run_balanced<T, E, F>(items: &mut [T], total_bytes: usize, work: F) -> Result<(), E>
+where
+    T: Send,
+    E: Send,
+    F: Fn(&mut [T]) -> Result<(), E> + Sync,
+{
+    const BLOCKS_PER_THREAD: usize = 4;
+    let by_bytes = total_bytes / MIN_SHARD_BYTES;
+    let threads = num_threads();
+    let shards = if threads <= 1 { 1 } else { threads * BLOCKS_PER_THREAD };
+    run_blocks(items, shards.min(items.len()).min(by_bytes.max(1)), work)
+}
+
+/// Runs `work` on `shards` contiguous blocks of `items` on the compute pool, the calling
+/// thread taking the first; inline when `shards <= 1` or there is no pool.
+fn run_blocks<T, E, F>(items: &mut [T], shards: usize, work: F) -> Result<(), E>
+where
+    T: Send,
+    E: Send,
+    F: Fn(&mut [T]) -> Result<(), E> + Sync,
+{
     if shards <= 1 {
         return work(items);
     }
@@ -207,5 +234,48 @@ where
     match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{run_balanced, run_sharded, set_num_threads};
+
+    /// Every item is worked on exactly once, whatever the thread count and block split.
+    #[test]
+    fn every_item_once_and_the_first_error_reported() {
+        for threads in [1, 2, 3] {
+            set_num_threads(threads);
+            for n in [0usize, 1, 7, 100, 1001] {
+                let mut items = vec![0u32; n];
+                run_balanced(&mut items, n << 20, |b: &mut [u32]| -> Result<(), ()> {
+                    b.iter_mut().for_each(|x| *x += 1);
+                    Ok(())
+                })
+                .unwrap();
+                assert!(items.iter().all(|&x| x == 1), "{threads} threads, {n} items");
+                run_sharded(&mut items, n << 20, |b: &mut [u32]| -> Result<(), ()> {
+                    b.iter_mut().for_each(|x| *x += 1);
+                    Ok(())
+                })
+                .unwrap();
+                assert!(items.iter().all(|&x| x == 2));
+            }
+            let mut items: Vec<u32> = (0..1000).collect();
+            let failed =
+                run_balanced(
+                    &mut items,
+                    1 << 30,
+                    |b: &mut [u32]| {
+                        if b.contains(&500) {
+                            Err(500)
+                        } else {
+                            Ok(())
+                        }
+                    },
+                );
+            assert_eq!(failed, Err(500));
+        }
+        set_num_threads(0);
     }
 }
