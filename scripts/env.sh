@@ -20,5 +20,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     touch "$stamp"
 fi
 # Incremental: cargo rebuilds only what changed.
-"$ROOT/.venv/bin/maturin" develop --release -q 2>&1 | grep -v "^📦\|^🔗\|^🐍\|^✏️\|^🛠\|^⚠️.*editable" || true
+"$ROOT/.venv/bin/maturin" develop --release --features bench,testing -q 2>&1 | grep -v "^📦\|^🔗\|^🐍\|^✏️\|^🛠\|^⚠️.*editable" || true
 "$VPY" -c "import loaderx._native" 

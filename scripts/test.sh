@@ -5,7 +5,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
-cargo clippy --workspace --all-targets -q -- -D warnings
+cargo clippy --workspace --all-targets --all-features -q -- -D warnings
 echo "== cargo test"
 cargo test --workspace --exclude loaderx-py -q
 echo "== mypy (the package) and stubtest (loaderx/_native.pyi against the compiled module)"

@@ -124,6 +124,15 @@ def stop_inside(pid: int, shared: Shared, flag: int, *, min_batches: int = 0,
         os.kill(pid, signal.SIGCONT)  # it left the call before the stop took hold: again
 
 
+def kill_and_reap(pid: int) -> bool:
+    """SIGKILLs the child ``pid`` and reaps it; True when the SIGKILL is what ended it, False
+    when it had ended by itself before (the children run until killed, so that is a failure of
+    the child: an exception in it exits with status 1)."""
+    os.kill(pid, signal.SIGKILL)  # a child that already exited is a zombie until reaped
+    _, status = os.waitpid(pid, 0)
+    return os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
 def child_appends(path: str, shared: Shared, seed: int, use_converter: bool) -> None:
     """Appends self-checking records until killed; some batches are followed by sync().
     Publishes the count of committed (synced or converter-returned) records."""
@@ -170,12 +179,14 @@ def kill_loop(path: str, kills: int, seed: int, use_converter: bool) -> dict[str
     a batch, and killed there -- so those kills land inside native calls by construction, not by
     luck, however slow the machine. The others come at seeded random moments, which also hit
     the child's start and the Python code between calls. Returns counts for the report:
-    ``in_native``/``in_sync`` count the kills, aimed or not, that landed inside such calls."""
+    ``sigkilled`` counts the children that the SIGKILL ended (each should be: one that ended
+    by itself failed); ``in_native``/``in_sync`` count those of them, aimed or not, that the
+    SIGKILL caught inside such calls."""
     from loaderx.zrecord import Zrecord
 
     rng = random.Random(seed)
-    stats = {"kills": 0, "aimed": 0, "in_native": 0, "in_sync": 0, "max_records": 0,
-             "batches": 0}
+    stats = {"kills": 0, "sigkilled": 0, "aimed": 0, "in_native": 0, "in_sync": 0,
+             "max_records": 0, "batches": 0}
     shared = Shared()
     for k in range(kills):
         if use_converter and not os.path.exists(os.path.join(path, "schema.msgpack")):
@@ -200,10 +211,10 @@ def kill_loop(path: str, kills: int, seed: int, use_converter: bool) -> dict[str
                 # Conversions sync (several fsyncs) on every call, so they get longer to run.
                 time.sleep(rng.uniform(0.002, 0.25 if use_converter else 0.06))
         finally:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            sigkilled = kill_and_reap(pid)
         stats["kills"] += 1
-        flag = shared.get(IN_NATIVE)
+        stats["sigkilled"] += sigkilled
+        flag = shared.get(IN_NATIVE) if sigkilled else 0
         stats["in_native"] += flag != 0
         stats["in_sync"] += flag == IN_SYNC
         stats["batches"] += shared.get(BATCHES)
@@ -257,11 +268,13 @@ def compact_kill_loop(path: str, kills: int, seed: int) -> dict[str, int]:
     Every other kill is aimed: the child is stopped inside ``compact()`` and killed there (when
     the compaction ends before the stop takes hold, that round is an ordinary kill and the next
     one aims again). The others come at a seeded random moment over the time a compaction
-    takes. Returns counts for the report; ``in_native`` counts the kills inside ``compact()``."""
+    takes. Returns counts for the report; ``sigkilled`` counts the children that the SIGKILL
+    ended (each should be: one that ended by itself failed), ``in_native`` those of them that
+    it caught inside ``compact()``."""
     from loaderx.zrecord import Zrecord
 
     rng = random.Random(seed)
-    stats = {"kills": 0, "aimed": 0, "in_native": 0}
+    stats = {"kills": 0, "sigkilled": 0, "aimed": 0, "in_native": 0}
     shared = Shared()
     # How long one compaction takes here, to spread the timed kills over it.
     fragmented_store(path, seed)
@@ -303,10 +316,10 @@ def compact_kill_loop(path: str, kills: int, seed: int) -> dict[str, int]:
                     time.sleep(0.0002)
                 time.sleep(rng.uniform(0, 1.2 * took))
         finally:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            sigkilled = kill_and_reap(pid)
         stats["kills"] += 1
-        stats["in_native"] += shared.get(IN_NATIVE) != 0
+        stats["sigkilled"] += sigkilled
+        stats["in_native"] += sigkilled and shared.get(IN_NATIVE) != 0
         with Zrecord(path) as z:
             got = read_records(z, np.arange(len(z), dtype=np.uint64))
             if got != expected:
@@ -341,7 +354,21 @@ def race(path: str, seconds: float, readers: int, appenders: int, *, min_gathers
     stop = threading.Event()
     problems: list[str] = []
     counts = {"gathers": 0, "records_read": 0, "appends": 0, "fresh": 0}
+    died: list[tuple[str, BaseException]] = []  # threads ended by an exception
 
+    def reporting(fn: Callable[[int], None]) -> Callable[[int], None]:
+        """``fn`` on a thread: an exception ends the race and is raised again after the join
+        (a reader or appender that died would otherwise leave the race short of a thread and
+        the caller none the wiser)."""
+        def run(seed: int) -> None:
+            try:
+                fn(seed)
+            except BaseException as e:  # raised again in the caller's thread
+                died.append((f"{fn.__name__}({seed})", e))
+                stop.set()
+        return run
+
+    @reporting
     def appender(seed: int) -> None:
         rng = random.Random(seed)
         while not stop.is_set():
@@ -357,6 +384,7 @@ def race(path: str, seconds: float, readers: int, appenders: int, *, min_gathers
                 problems.append(f"append returned {got}, expected {first}")
             counts["appends"] += 1
 
+    @reporting
     def reader(seed: int) -> None:
         rng = np.random.default_rng(seed)
         while not stop.is_set():
@@ -373,14 +401,19 @@ def race(path: str, seconds: float, readers: int, appenders: int, *, min_gathers
     threads += [threading.Thread(target=reader, args=(100 + s,)) for s in range(readers)]
     for t in threads:
         t.start()
-    time.sleep(seconds)
+    stop.wait(seconds)  # returns early when a thread died
     deadline = time.monotonic() + HANG_SECONDS
     while (counts["gathers"] < min_gathers or counts["appends"] < min_appends
            or counts["fresh"] < min_fresh) and time.monotonic() < deadline:
-        time.sleep(0.01)
+        if stop.wait(0.01):
+            break
     stop.set()
     for t in threads:
         t.join()
+    if died:
+        z.close()
+        names = ", ".join(name for name, _ in died)
+        raise AssertionError(f"{len(died)} race thread(s) died: {names}") from died[0][1]
     problems += verify_store(z)
     counts["records"] = len(z)
     z.close()

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import reliability as rel
-from loaderx import errors
+from loaderx import _native, errors
 from loaderx.zrecord import MAX_RECORDS, Zrecord
 
 TESTS = pathlib.Path(__file__).resolve().parent
@@ -332,6 +332,8 @@ def test_huge_dictionary_target_is_a_clear_error(tmp_path, target):
     assert has_dict == "False"
 
 
+@pytest.mark.skipif(not hasattr(_native, "copy_records"),
+                    reason="the benchmark ceilings are built only with the cargo feature 'bench'")
 @pytest.mark.parametrize("dst", ["buf", "buf[100:]", "buf[:-100]"])
 def test_copy_records_refuses_aliased_buffers(dst):
     r = run_code(f"""

@@ -178,9 +178,13 @@ class Peer:
     call returns once the peer has finished it (or raised), so the test knows exactly what the
     other process has done, whatever the machine's load."""
 
+    #: Peers not closed yet (see :func:`_reap_peers`).
+    live: set[Peer] = set()
+
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", PEER], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=ENV)
+        Peer.live.add(self)
 
     def __call__(self, code: str):
         self.proc.stdin.write(json.dumps(code) + "\n")
@@ -199,13 +203,38 @@ class Peer:
         raise AssertionError(f"{code!r} did not raise in the peer (returned {value!r})")
 
     def close(self) -> None:
-        self.proc.stdin.close()
+        Peer.live.discard(self)
         try:
-            self.proc.wait(HANG)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise AssertionError("the peer did not exit") from None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(HANG)
+            except subprocess.TimeoutExpired:
+                raise AssertionError("the peer did not exit") from None
+        finally:
+            reap(self.proc)
         assert_clean_exit(self.proc.returncode, "the peer")
+
+
+@pytest.fixture(autouse=True)
+def _reap_peers():
+    """Kills the peers a failed test left open (and closes their pipes)."""
+    yield
+    while Peer.live:
+        reap(Peer.live.pop().proc)
+
+
+def reap(proc: subprocess.Popen) -> None:
+    """Kills ``proc`` unless it has ended, waits for it and closes its pipes: a test that fails
+    half-way leaves no process running and no pipe for the garbage collector to find open."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            try:
+                pipe.close()
+            except BrokenPipeError:  # unsent input to a dead process: closed all the same
+                pass
 
 
 def read_line(proc: subprocess.Popen, what: str, timeout: float = HANG) -> str:
@@ -467,8 +496,7 @@ def test_refresh_during_another_processes_delete_never_sees_half_of_it(tmp_path,
         reader.stdin.close()
         finish(reader, "the reader")
     finally:
-        if reader.poll() is None:
-            reader.kill()
+        reap(reader)
     writer("z.close()")
     writer.close()
     assert problems == [], f"{len(problems)} problems in {reads} reads and {refreshes} " \
@@ -575,8 +603,7 @@ def test_reader_process_reads_correctly_through_deletes_and_compactions(tmp_path
         counts = json.loads(read_line(reader, "the reader"))
         finish(reader, "the reader")
     finally:
-        if reader.poll() is None:
-            reader.kill()
+        reap(reader)
     writer("z.close()")
     writer.close()
     assert counts["problems"] == []
@@ -859,8 +886,7 @@ def test_dataloader_reader_survives_delete_and_compact_by_another_process(tmp_pa
         counts = json.loads(read_line(reader, "the reader"))
         finish(reader, "the reader")
     finally:
-        if reader.poll() is None:
-            reader.kill()
+        reap(reader)
     assert counts["problems"] == [], (f"{len(counts['problems'])} problems in "
                                       f"{counts['batches']} batches, first: "
                                       f"{counts['problems'][:3]}")

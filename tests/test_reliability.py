@@ -18,17 +18,23 @@ from loaderx.zrecord import Zrecord
 # The kill loops check the store after every kill (and raise AssertionError on any damage).
 # Every other kill is aimed: the child is stopped inside the native call and killed there, so
 # the counts of kills inside native calls below hold on any machine, however loaded, unless the
-# children no longer make those calls.
+# children no longer make those calls. What makes them counts of kills rather than of rounds:
+# a kill counts only when the child's wait status says the SIGKILL ended it (a child that died
+# of an error of its own, in a native call or not, exits with status 1), and the in-native
+# flag it counts by is the one the child itself left in shared memory when it died.
 
 
 def test_sigkill_during_store_appends(tmp_path):
     stats = rel.kill_loop(str(tmp_path / "s"), kills=40, seed=1, use_converter=False)
+    # Every child was still appending when the SIGKILL came: none ended by itself.
+    assert stats["sigkilled"] == stats["kills"] == 40, f"children that were not killed: {stats}"
     assert stats["in_native"] - stats["in_sync"] >= 10, f"kills inside append(): {stats}"
     assert stats["in_sync"] >= 10, f"kills inside sync(): {stats}"
 
 
 def test_sigkill_during_conversions(tmp_path):
     stats = rel.kill_loop(str(tmp_path / "c"), kills=15, seed=2, use_converter=True)
+    assert stats["sigkilled"] == stats["kills"] == 15, f"children that were not killed: {stats}"
     assert stats["in_native"] >= 7, f"kills inside a conversion: {stats}"
     # Aimed kills come after a conversion returned, so a dataset was made and checked.
     assert stats["max_records"] > 0, stats
@@ -38,6 +44,8 @@ def test_sigkill_during_conversions(tmp_path):
 
 def test_sigkill_during_compaction(tmp_path):
     stats = rel.compact_kill_loop(str(tmp_path / "k"), kills=20, seed=3)
+    # Every child was still compacting, or waiting after its compaction, when the SIGKILL came.
+    assert stats["sigkilled"] == stats["kills"], f"children that were not killed: {stats}"
     assert stats["in_native"] >= 10, f"kills inside compact(): {stats}"
 
 

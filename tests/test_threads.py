@@ -50,7 +50,7 @@ def test_many_threads_on_one_store_dataset_and_loader(tmp_path):
                     return
                 except StoreBusyError:
                     counts["busy"] += 1
-                except BaseException as e:  # noqa: BLE001 -- reported below
+                except BaseException as e:  # reported below
                     problems.append(f"{fn.__name__}: {type(e).__name__}: {e}")
                     return
         return run

@@ -14,7 +14,8 @@ public names are importable from here::
   :mod:`loaderx.sampler` -- :class:`Sampler` and :class:`Mode`, batch indices as a pure
   function of (seed, step).
 * :mod:`loaderx.zrecord` -- :class:`Zrecord`, the raw byte-record store underneath.
-* :mod:`loaderx.errors` -- the exception hierarchy (base :class:`ZrecordError`).
+* :mod:`loaderx.errors` -- the exception hierarchy (base :class:`LoaderxError`, alias
+  ``ZrecordError``).
 * :mod:`loaderx.sharding` and :mod:`loaderx.frameworks` -- multi-host shards, torch and JAX.
 * :func:`set_num_threads` -- threads a batch is split across.
 """
@@ -35,13 +36,13 @@ from loaderx.concat import ConcatDataset  # noqa: E402
 from loaderx.converter import from_iterator, from_numpy  # noqa: E402
 from loaderx.dataloader import DataLoader  # noqa: E402
 from loaderx.dataset import DenseDataset, RaggedDataset, pad  # noqa: E402
-from loaderx.errors import ZrecordError  # noqa: E402
+from loaderx.errors import LoaderxError, ZrecordError  # noqa: E402
 from loaderx.sampler import Mode, Sampler  # noqa: E402
 from loaderx.subset import Subset, split  # noqa: E402
 from loaderx.zrecord import Zrecord  # noqa: E402
 
 __all__ = [
-    "ConcatDataset", "DataLoader", "DenseDataset", "Mode", "RaggedDataset", "Sampler", "Subset",
-    "Zrecord", "ZrecordError", "errors", "from_iterator", "from_numpy", "pad",
+    "ConcatDataset", "DataLoader", "DenseDataset", "LoaderxError", "Mode", "RaggedDataset",
+    "Sampler", "Subset", "Zrecord", "ZrecordError", "errors", "from_iterator", "from_numpy", "pad",
     "set_num_threads", "split", "__version__",
 ]

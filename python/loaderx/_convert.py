@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from loaderx.errors import ZrecordIndexError, ZrecordValueError
+from loaderx.errors import LoaderxIndexError, LoaderxValueError
 
 _U64 = np.dtype(np.uint64)
 
@@ -36,11 +36,11 @@ def as_indices(idxs: Any) -> np.ndarray:
     """Record indices as a C-contiguous uint64 array.
 
     Accepts an int, a sequence of ints or an integer array. Negative, boolean and
-    non-integer indices raise :class:`~loaderx.errors.ZrecordIndexError`.
+    non-integer indices raise :class:`~loaderx.errors.LoaderxIndexError`.
     """
     return _as_u64(
         idxs,
-        ZrecordIndexError,
+        LoaderxIndexError,
         "record indices must be integers, got dtype {dtype}",
         "record index {value} is negative",
     )
@@ -50,7 +50,7 @@ def as_offsets(offsets: Any, what: str = "offsets") -> np.ndarray:
     """Byte offsets as a C-contiguous uint64 array; negative or non-integer ones are refused."""
     return _as_u64(
         offsets,
-        ZrecordValueError,
+        LoaderxValueError,
         what + " must be integers, got dtype {dtype}",
         what + " must not be negative, got {value}",
     )
@@ -61,16 +61,16 @@ def source_bytes(src: Any, what: str = "src") -> Any:
     of any dtype), without copying."""
     if isinstance(src, np.ndarray):
         if not src.flags.c_contiguous:
-            raise ZrecordValueError(f"{what} must be C-contiguous (use np.ascontiguousarray)")
+            raise LoaderxValueError(f"{what} must be C-contiguous (use np.ascontiguousarray)")
         return src.reshape(-1).view(np.uint8)
     try:
         view = memoryview(src)
     except TypeError:
-        raise ZrecordValueError(
+        raise LoaderxValueError(
             f"{what} must be bytes-like or a NumPy array, got {type(src).__name__}"
         ) from None
     if not view.c_contiguous:
-        raise ZrecordValueError(f"{what} must be C-contiguous")
+        raise LoaderxValueError(f"{what} must be C-contiguous")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
@@ -80,11 +80,11 @@ def destination_bytes(dst: Any) -> np.ndarray:
         try:
             dst = np.frombuffer(memoryview(dst), dtype=np.uint8)
         except TypeError:
-            raise ZrecordValueError(
+            raise LoaderxValueError(
                 f"destination must be a writable NumPy array, got {type(dst).__name__}"
             ) from None
     if not dst.flags.c_contiguous:
-        raise ZrecordValueError("destination must be C-contiguous")
+        raise LoaderxValueError("destination must be C-contiguous")
     if not dst.flags.writeable:
-        raise ZrecordValueError("destination is read-only")
+        raise LoaderxValueError("destination is read-only")
     return dst.reshape(-1).view(np.uint8)

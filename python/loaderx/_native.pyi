@@ -1,22 +1,28 @@
 """Type stub of the compiled engine binding (crates/loaderx-py). Checked against the compiled
 module by ``mypy.stubtest`` in the test command (scripts/test.sh)."""
 
-from typing import Any, final
+from typing import Any, Literal, final
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["Zrecord", "Sampler", "set_num_threads", "num_threads", "copy_records",
-           "begin_exit", "pread_records", "FORMAT_VERSION", "MAX_RECORDS", "MAX_RECORD_BYTES"]
+__all__ = ["Zrecord", "Sampler", "set_num_threads", "num_threads", "canonical_codec",
+           "begin_exit", "CODECS", "FORMAT_VERSION", "MAX_RECORDS", "MAX_RECORD_BYTES",
+           "copy_records", "pread_records"]
 
+CODECS: tuple[str, ...]
 FORMAT_VERSION: int
 MAX_RECORDS: int
 MAX_RECORD_BYTES: int
 
 def set_num_threads(n: int) -> None: ...
 def num_threads() -> int: ...
-def copy_records(src: Any, record: int, idxs: Any, dst: Any) -> None: ...
+def canonical_codec(name: Any) -> Literal["raw", "zstd", "zstd_dict"]: ...
 def begin_exit() -> None: ...
+
+# Benchmark ceilings: only in builds with the `bench` cargo feature (scripts/env.sh makes one;
+# wheels have none).
+def copy_records(src: Any, record: int, idxs: Any, dst: Any) -> None: ...
 def pread_records(path: str, offsets: Any, record: int, dst: Any, threads: int) -> None: ...
 
 @final

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from loaderx import _schema
-from loaderx.errors import ZrecordError
+from loaderx.errors import LoaderxError
+from loaderx.zrecord import CODECS
 
 EXIT_OK, EXIT_DAMAGED, EXIT_USAGE = 0, 1, 2
 
@@ -244,7 +245,7 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("input", help="a .npy file (memory-mapped, never loaded whole)")
     conv.add_argument("out", help="the dataset directory (must not hold one, unless --append "
                       "or --overwrite)")
-    conv.add_argument("--codec", choices=["raw", "zstd", "zstd_dict"], default="zstd")
+    conv.add_argument("--codec", choices=CODECS, default="zstd")
     conv.add_argument("--chunk-bytes", type=int, default=64 << 20)
     conv.add_argument("--dict-size", type=int, default=None)
     conv.add_argument("--checksums", action="store_true", help="keep a checksum per record")
@@ -298,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args))
     except _UsageError as e:
         print(f"loaderx {args.command}: {e}", file=sys.stderr)
-    except (ZrecordError, OSError, ValueError) as e:
+    except (LoaderxError, OSError, ValueError) as e:
         # The library's hints name its keyword; here the user typed a flag.
         text = str(e).replace("overwrite=True", "--overwrite")
         print(f"loaderx {args.command}: {type(e).__name__}: {text}", file=sys.stderr)

@@ -27,7 +27,7 @@ import numpy as np
 
 from loaderx.dataset import (DenseDataset, RaggedDataset, _dense_gather, _indices,
                               _one_index, _schema)
-from loaderx.errors import CorruptStoreError, DatasetError
+from loaderx.errors import CorruptStoreError, DatasetError, LoaderxIndexError, LoaderxValueError
 
 __all__ = ["ConcatDataset"]
 
@@ -51,7 +51,7 @@ class ConcatDataset:
 
     def __init__(self, parts: Sequence[Any], *, verify_reads: bool = False) -> None:
         if isinstance(parts, (str, os.PathLike)) or not len(parts):
-            raise ValueError("ConcatDataset needs a non-empty list of dataset paths or datasets")
+            raise LoaderxValueError("ConcatDataset needs a non-empty list of dataset paths or datasets")
         self._verify_reads = bool(verify_reads)
         self._parts = [_open_part(p, self._verify_reads) for p in parts]
         first = self._parts[0]
@@ -163,7 +163,7 @@ class ConcatDataset:
         """Fills ``dst`` (``len(idxs) * row_bytes`` bytes) as the loader's dense gather does."""
         if int(idxs.max(initial=0)) >= self._len:
             bad = int(idxs[idxs >= self._len][0])
-            raise IndexError(f"index {bad} is out of range for {self._len} records")
+            raise LoaderxIndexError(f"index {bad} is out of range for {self._len} records")
         part, local = self._locate(idxs)
         for k in np.unique(part):
             rows = np.flatnonzero(part == k)

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from loaderx import _schema
-from loaderx.errors import DatasetError, LimitExceededError, ZrecordValueError
+from loaderx.errors import DatasetError, LimitExceededError, LoaderxValueError
 from loaderx.zrecord import MAX_RECORD_BYTES, MAX_RECORDS, Codec, Zrecord
 from loaderx.zrecord import _codec as _store_codec
 
@@ -248,7 +248,7 @@ class _Conversion:
         try:
             self.store.train_dict(blob, sizes, max(target, 256))
         except Exception as e:
-            raise ZrecordValueError(
+            raise LoaderxValueError(
                 f"cannot train a zstd dictionary on {len(parts)} records ({total} bytes): {e}; "
                 "a dictionary needs many records -- use codec='zstd' for small data") from e
 
@@ -336,14 +336,13 @@ def _alive(pid: int) -> bool:
 
 
 def _codec(codec: Any) -> Codec:
-    """The store's codec check, with the reference's alias spelled out for schema.msgpack."""
-    name = _store_codec(codec)
-    return "zstd_dict" if name in ("zstdict", "zstd_dict") else "raw" if name == "raw" else "zstd"
+    """The canonical codec name (the reference's ``zstdict`` spelled out for schema.msgpack)."""
+    return _store_codec(codec)
 
 
 def _positive(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ZrecordValueError(f"{what} must be a positive int, got {value!r}")
+        raise LoaderxValueError(f"{what} must be a positive int, got {value!r}")
     return int(value)
 
 

@@ -85,7 +85,7 @@ from loaderx import _native
 from loaderx._recycle import BufferPool
 from loaderx.concat import ConcatDataset
 from loaderx.dataset import DenseDataset
-from loaderx.errors import LoaderClosedError
+from loaderx.errors import LoaderClosedError, LoaderxTypeError, LoaderxValueError
 from loaderx.sampler import Mode, ModeLike, Sampler, _u64
 from loaderx.subset import Subset, view_id
 
@@ -145,25 +145,25 @@ class DataLoader:
         readahead: int | None = None,
     ) -> None:
         if not isinstance(streams, Mapping) or not streams:
-            raise ValueError("streams must be a non-empty dict of {name: DenseDataset}")
+            raise LoaderxValueError("streams must be a non-empty dict of {name: DenseDataset}")
         for name, ds in streams.items():
             if isinstance(ds, (str, os.PathLike)):
-                raise TypeError(f"stream {name!r} is a path; open it first: "
+                raise LoaderxTypeError(f"stream {name!r} is a path; open it first: "
                                 f"DenseDataset({os.fspath(ds)!r})")
             dense = isinstance(ds, DenseDataset) or (isinstance(ds, (ConcatDataset, Subset))
                                                      and ds.kind == "dense")
             if not dense:
-                raise TypeError(
+                raise LoaderxTypeError(
                     f"stream {name!r} is a {type(ds).__name__}; the DataLoader reads dense "
                     "streams only (pad ragged records into a dense store first)")
         lengths = {name: len(ds) for name, ds in streams.items()}
         if len(set(lengths.values())) != 1:
-            raise ValueError(f"streams must have the same length, got {lengths}")
+            raise LoaderxValueError(f"streams must have the same length, got {lengths}")
         length = next(iter(lengths.values()))
         if length == 0:
-            raise ValueError("the streams are empty")
+            raise LoaderxValueError("the streams are empty")
         if not callable(transform):
-            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+            raise LoaderxTypeError(f"transform must be callable, got {type(transform).__name__}")
         self._streams = dict(streams)
         self._num_workers = _u64(num_workers, "num_workers", 0)
         self._prefetch = _u64(prefetch_size, "prefetch_size", 1)
@@ -189,7 +189,7 @@ class DataLoader:
     next = __next__
 
     def __len__(self) -> int:
-        raise TypeError("a DataLoader is endless and has no length; count steps instead, or "
+        raise LoaderxTypeError("a DataLoader is endless and has no length; count steps instead, or "
                         "use loader.epoch(), a finite pass that has one")
 
     # -- finite passes -------------------------------------------------------------------------
@@ -235,12 +235,12 @@ class DataLoader:
         changed data would silently give other batches."""
         if isinstance(state, Mapping) and "length" in state and \
                 state["length"] != self._sampler.length:
-            raise ValueError(
+            raise LoaderxValueError(
                 f"the checkpoint was taken on streams of {state['length']} records, these hold "
                 f"{self._sampler.length}; the data changed, so the checkpoint's batch sequence "
                 "no longer exists")
         if isinstance(state, Mapping) and state.get("view", "") != self._view():
-            raise ValueError(
+            raise LoaderxValueError(
                 "the checkpoint was taken on other subsets of the data (view "
                 f"{state.get('view', '') or 'whole datasets'!r}, these streams are "
                 f"{self._view() or 'whole datasets'!r}); resuming would give other batches")
@@ -381,9 +381,9 @@ def _shard_rows(batch_size: int, index: Any, count: Any) -> tuple[int, int, int]
     count = _u64(count, "shard_count", 1)
     index = _u64(index, "shard_index", 0)
     if index >= count:
-        raise ValueError(f"shard_index must be in [0, {count}), got {index}")
+        raise LoaderxValueError(f"shard_index must be in [0, {count}), got {index}")
     if batch_size % count:
-        raise ValueError(
+        raise LoaderxValueError(
             f"batch_size {batch_size} (the global batch) does not divide into {count} shards; "
             f"use a multiple of {count}")
     return index, count, batch_size // count

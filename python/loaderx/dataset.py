@@ -34,7 +34,12 @@ import numpy.typing as npt
 
 from loaderx import _schema
 from loaderx._recycle import aligned_empty
-from loaderx.errors import CorruptStoreError, DatasetError, ZrecordValueError
+from loaderx.errors import (
+    CorruptStoreError,
+    DatasetError,
+    LoaderxIndexError,
+    LoaderxValueError,
+)
 from loaderx.zrecord import Zrecord
 
 __all__ = ["DenseDataset", "RaggedDataset", "pad"]
@@ -50,37 +55,37 @@ def _indices(idx: Any, n: int) -> np.ndarray:
     arr = idx if isinstance(idx, np.ndarray) else np.asarray(idx)
     if arr.dtype == np.bool_:
         if arr.shape != (n,):
-            raise IndexError(f"boolean index of shape {arr.shape} does not match the "
+            raise LoaderxIndexError(f"boolean index of shape {arr.shape} does not match the "
                              f"dataset's length {n}")
         return np.flatnonzero(arr).astype(np.uint64)
     if arr.size == 0:
         return np.empty(arr.shape, dtype=np.uint64)
     if arr.dtype.kind not in "iu":
-        raise IndexError(f"dataset indices must be integers, got {arr.dtype} "
+        raise LoaderxIndexError(f"dataset indices must be integers, got {arr.dtype} "
                          f"({_short(idx)})")
     if arr.dtype.kind == "i":
         lo = int(arr.min())
         if lo < -n:
-            raise IndexError(f"index {lo} is out of range for a dataset of {n} records")
+            raise LoaderxIndexError(f"index {lo} is out of range for a dataset of {n} records")
         if lo < 0:
             arr = np.where(arr < 0, arr + n, arr)
     hi = int(arr.max())
     if hi >= n:
-        raise IndexError(f"index {hi} is out of range for a dataset of {n} records")
+        raise LoaderxIndexError(f"index {hi} is out of range for a dataset of {n} records")
     return arr.astype(np.uint64, copy=False)
 
 
 def _one_index(idx: Any, n: int) -> int | None:
     """``idx`` as a record index when it is a single integer, else None."""
     if isinstance(idx, (bool, np.bool_)):
-        raise IndexError("a boolean is not a dataset index")
+        raise LoaderxIndexError("a boolean is not a dataset index")
     if isinstance(idx, (int, np.integer)):
         i = int(idx)
         if not -n <= i < n:
-            raise IndexError(f"index {i} is out of range for a dataset of {n} records")
+            raise LoaderxIndexError(f"index {i} is out of range for a dataset of {n} records")
         return i + n if i < 0 else i
     if isinstance(idx, (float, np.floating)):
-        raise IndexError(f"dataset indices must be integers, got {idx!r}")
+        raise LoaderxIndexError(f"dataset indices must be integers, got {idx!r}")
     return None
 
 
@@ -212,7 +217,7 @@ class DenseDataset(_StoreView):
         the records, as NumPy does."""
         if isinstance(idx, tuple):
             if not idx:
-                raise IndexError("an empty tuple is not a dataset index")
+                raise LoaderxIndexError("an empty tuple is not a dataset index")
             head = self[idx[0]]
             rest = idx[1:]
             return head[rest] if _one_index(idx[0], len(self)) is not None \
@@ -245,14 +250,14 @@ def _dense_gather(view: Any, idxs: Any, out: np.ndarray | None) -> np.ndarray:
     if out is None:
         out = aligned_empty(len(idxs) * view.record_bytes).view(view.dtype).reshape(shape)
     elif not isinstance(out, np.ndarray):
-        raise ZrecordValueError(f"out must be a NumPy array, got {type(out).__name__}")
+        raise LoaderxValueError(f"out must be a NumPy array, got {type(out).__name__}")
     elif out.dtype != view.dtype or out.shape != shape:
-        raise ZrecordValueError(f"out is {out.dtype}{out.shape}; this gather needs "
+        raise LoaderxValueError(f"out is {out.dtype}{out.shape}; this gather needs "
                                 f"{view.dtype}{shape}")
     elif not out.flags.c_contiguous:
-        raise ZrecordValueError("out must be C-contiguous")
+        raise LoaderxValueError("out must be C-contiguous")
     elif not out.flags.writeable:
-        raise ZrecordValueError("out is read-only")
+        raise LoaderxValueError("out is read-only")
     if len(idxs):
         view._gather_fixed(idxs, out.reshape(-1).view(np.uint8), view.record_bytes)
     return out
@@ -323,22 +328,22 @@ def pad(records: Sequence[Any], max_len: int | None = None,
     """
     arrays = [np.asarray(r) for r in records]
     if not arrays:
-        raise ValueError("pad() needs at least one record to know the dtype and shape")
+        raise LoaderxValueError("pad() needs at least one record to know the dtype and shape")
     for i, a in enumerate(arrays):
         if a.ndim == 0:
-            raise ValueError(f"record {i} is a scalar; pad() stacks records along their first axis")
+            raise LoaderxValueError(f"record {i} is a scalar; pad() stacks records along their first axis")
         if a.shape[1:] != arrays[0].shape[1:]:
-            raise ValueError(f"record {i} has trailing shape {a.shape[1:]}, record 0 has "
+            raise LoaderxValueError(f"record {i} has trailing shape {a.shape[1:]}, record 0 has "
                              f"{arrays[0].shape[1:]}")
     lengths = np.array([len(a) for a in arrays], dtype=np.int64)
     longest = int(lengths.max())
     if max_len is None:
         max_len = longest
     elif isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 0:
-        raise ValueError(f"max_len must be a non-negative int, got {max_len!r}")
+        raise LoaderxValueError(f"max_len must be a non-negative int, got {max_len!r}")
     elif max_len < longest:
         k = int(lengths.argmax())
-        raise ValueError(f"record {k} has {longest} rows, more than max_len={max_len}; pad() "
+        raise LoaderxValueError(f"record {k} has {longest} rows, more than max_len={max_len}; pad() "
                          "does not truncate (slice the records first)")
     dtype = np.result_type(*{a.dtype for a in arrays})
     out = np.full((len(arrays), int(max_len), *arrays[0].shape[1:]), pad_value, dtype=dtype)

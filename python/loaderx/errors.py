@@ -1,78 +1,125 @@
 """Exceptions raised by loaderx.
 
-Every error loaderx raises on its own account is a :class:`ZrecordError` (a ``RuntimeError``);
-the subclasses say what went wrong. Where a Python protocol expects a built-in type, the subclass
-is also one: an out-of-range index is an ``IndexError``, a bad argument a ``ValueError``.
-Failures of the operating system (missing permissions, a full disk) are raised as the built-in
-``OSError`` subclass for their errno, with the file name set.
+Every error loaderx raises on its own account is a :class:`LoaderxError` (a ``RuntimeError``;
+``ZrecordError`` is the same class under the reference's name), raised by the store engine,
+the sampler, the datasets, the converters and the loader alike; the subclasses say what went
+wrong. Where a Python protocol expects a built-in type, the subclass is also one: an
+out-of-range index is an ``IndexError``, a bad argument a ``ValueError``, an argument of the
+wrong type a ``TypeError``, so ``except IndexError`` and friends keep working. Failures of the
+operating system (missing permissions, a full disk) are raised as the built-in ``OSError``
+subclass for their errno, with the file name set.
+
+The native module maps each engine error to one of these classes in one place
+(``crates/loaderx-py/src/errors.rs``); ``tests/test_errors.py`` pins every mapping.
+
+    LoaderxError (RuntimeError)          alias ZrecordError
+    ├── CorruptStoreError
+    ├── StoreBusyError
+    ├── StoreChangedError
+    ├── MissingDictionaryError
+    ├── InternalError
+    ├── LoaderxIndexError (IndexError)   alias ZrecordIndexError
+    ├── LoaderxTypeError (TypeError)
+    └── LoaderxValueError (ValueError)   alias ZrecordValueError
+        ├── LimitExceededError
+        ├── DatasetError
+        ├── StoreClosedError
+        └── LoaderClosedError
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "LoaderxError",
     "ZrecordError",
     "CorruptStoreError",
-    "LimitExceededError",
     "StoreBusyError",
     "StoreChangedError",
-    "StoreClosedError",
     "MissingDictionaryError",
+    "InternalError",
+    "LoaderxIndexError",
     "ZrecordIndexError",
+    "LoaderxTypeError",
+    "LoaderxValueError",
     "ZrecordValueError",
+    "LimitExceededError",
     "DatasetError",
+    "StoreClosedError",
     "LoaderClosedError",
 ]
 
 
-class ZrecordError(RuntimeError):
-    """Base class of every loaderx error: the store engine's, the datasets' and the loader's."""
+class LoaderxError(RuntimeError):
+    """Base class of every loaderx error: the store engine's, the sampler's, the datasets'
+    and the loader's."""
 
 
-class CorruptStoreError(ZrecordError):
+ZrecordError = LoaderxError
+
+
+class CorruptStoreError(LoaderxError):
     """A store file holds bytes that cannot be trusted: wrong magic or version, a wrong size,
-    a table entry outside its chunk, a missing chunk file, a bad zstd frame."""
+    a table entry outside its chunk, a missing chunk file, a bad zstd frame; or an archive
+    that does not hold a store."""
 
 
-class LimitExceededError(ZrecordError):
-    """A format limit would be exceeded (1 MiB per record, 2**24 records, 4096 chunks).
-    Raised before anything is written."""
-
-
-class StoreBusyError(ZrecordError):
+class StoreBusyError(LoaderxError):
     """The store cannot be used this way right now: ``delete``/``compact`` while other calls
     are in flight, or a write while another process or handle holds the writer lock."""
 
 
-class StoreChangedError(ZrecordError):
+class StoreChangedError(LoaderxError):
     """Another handle or process deleted records from the store, or replaced it, since this
     handle last looked: its indices may now name other records. Call ``refresh()`` on the
     store (``Zrecord.refresh``, ``DenseDataset.store.refresh()``) to accept the new state, or
     open it again. (Compaction by others needs nothing: reads follow the moved records.)"""
 
 
-class StoreClosedError(ZrecordError, ValueError):
-    """The store handle was closed."""
-
-
-class MissingDictionaryError(ZrecordError):
+class MissingDictionaryError(LoaderxError):
     """A ``zstd_dict`` record or append in a store without ``dict.zr``."""
 
 
-class ZrecordIndexError(ZrecordError, IndexError):
+class InternalError(LoaderxError):
+    """A failure inside loaderx or a library it relies on (zstd could not compress, rejected a
+    dictionary it had just trained) that no argument explains. Please report it."""
+
+
+class LoaderxIndexError(LoaderxError, IndexError):
     """A record index is negative, not an integer, or not below the store's length."""
 
 
-class ZrecordValueError(ZrecordError, ValueError):
-    """An argument is unusable: unknown codec, bad offsets, overlapping or overflowing
-    destination ranges, a non-contiguous or read-only buffer."""
+ZrecordIndexError = LoaderxIndexError
 
 
-class DatasetError(ZrecordError, ValueError):
+class LoaderxTypeError(LoaderxError, TypeError):
+    """An argument of the wrong type: a path where an open dataset is needed, a transform
+    that is not callable, ``len()`` of an endless loader."""
+
+
+class LoaderxValueError(LoaderxError, ValueError):
+    """An argument is unusable: unknown codec or mode, bad offsets, overlapping or
+    overflowing destination ranges, a non-contiguous or read-only buffer, a batch size the
+    stream cannot give."""
+
+
+ZrecordValueError = LoaderxValueError
+
+
+class LimitExceededError(LoaderxValueError):
+    """A format limit would be exceeded (1 MiB per record, 2**24 records, 4096 chunks).
+    Raised before anything is written."""
+
+
+class DatasetError(LoaderxValueError):
     """A directory is not a dataset of the kind asked for: no ``schema.msgpack``, a dense view
     of a ragged store (or the reverse), a schema with an unusable dtype or shape, or data that
     does not match the schema of the store it is being appended to."""
 
 
-class LoaderClosedError(ZrecordError, ValueError):
+class StoreClosedError(LoaderxValueError):
+    """The store handle was closed."""
+
+
+class LoaderClosedError(LoaderxValueError):
     """The DataLoader was closed (explicitly, by its context manager, or after it delivered a
     worker's exception), or is being used in a process forked after its threads started."""

@@ -33,6 +33,8 @@ import collections
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from loaderx.errors import LoaderxValueError
+
 __all__ = ["Zip", "prefetch_to_device", "to_torch", "torch_batches"]
 
 
@@ -44,10 +46,10 @@ class Zip:
 
     def __init__(self, *datasets: Any) -> None:
         if not datasets:
-            raise ValueError("Zip needs at least one dataset")
+            raise LoaderxValueError("Zip needs at least one dataset")
         lengths = [len(d) for d in datasets]
         if len(set(lengths)) != 1:
-            raise ValueError(f"Zip needs datasets of one length, got {lengths}")
+            raise LoaderxValueError(f"Zip needs datasets of one length, got {lengths}")
         self.datasets = datasets
 
     def __len__(self) -> int:
@@ -88,7 +90,7 @@ def prefetch_to_device(batches: Iterable[Any], size: int = 2, sharding: Any = No
     global arrays with ``jax.make_array_from_process_local_data``.
     """
     if size < 1:
-        raise ValueError(f"size must be at least 1, got {size}")
+        raise LoaderxValueError(f"size must be at least 1, got {size}")
     try:
         import jax
     except ImportError as e:

@@ -52,6 +52,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import _native
+from .errors import LoaderxValueError
 
 __all__ = ["Mode", "ModeLike", "Sampler", "normalize_seed"]
 
@@ -83,11 +84,11 @@ ModeLike = Mode | Literal["sequential", "iid", "cyclic", "SEQUENTIAL", "IID", "C
 def _integer(value: Any, what: str) -> int:
     """``value`` as a Python int, or a ValueError naming ``what``."""
     if isinstance(value, bool):
-        raise ValueError(f"{what} must be an integer, got a bool ({value!r})")
+        raise LoaderxValueError(f"{what} must be an integer, got a bool ({value!r})")
     try:
         return operator.index(value)
     except TypeError:
-        raise ValueError(
+        raise LoaderxValueError(
             f"{what} must be an integer, got {type(value).__name__} ({value!r})"
         ) from None
 
@@ -109,7 +110,7 @@ def _mode(value: Any) -> Mode:
         return Mode(key)  # type: ignore[arg-type]  # any value; Mode refuses what it is not
     except ValueError:
         pass
-    raise ValueError(
+    raise LoaderxValueError(
         f"mode must be 'sequential', 'iid' or 'cyclic' (or 0, 1, 2), got {value!r}"
     )
 
@@ -117,7 +118,7 @@ def _mode(value: Any) -> Mode:
 def _u64(value: Any, what: str, low: int) -> int:
     v = _integer(value, what)
     if not low <= v < _U64_LIMIT:
-        raise ValueError(f"{what} must be in [{low}, 2**64 - 1], got {v}")
+        raise LoaderxValueError(f"{what} must be in [{low}, 2**64 - 1], got {v}")
     return v
 
 
@@ -147,13 +148,8 @@ class Sampler:
         length = _u64(length, "length", 1)
         batch_size = _u64(batch_size, "batch_size", 1)
         if batch_size > _MAX_BATCH:
-            raise ValueError(f"batch_size must be at most {_MAX_BATCH}, got {batch_size}")
+            raise LoaderxValueError(f"batch_size must be at most {_MAX_BATCH}, got {batch_size}")
         mode = _mode(mode)
-        if mode is Mode.CYCLIC and batch_size > length:
-            raise ValueError(
-                f"cyclic mode draws without replacement, so batch_size ({batch_size}) must not "
-                f"exceed length ({length})"
-            )
         key = normalize_seed(seed)
         self._native = _native.Sampler(length, batch_size, int(mode), key)
         self._next_into = self._native.next_into
@@ -248,7 +244,7 @@ class Sampler:
                 for n, a, b in zip(names, ours, theirs)
                 if a != b
             )
-            raise ValueError(f"state_dict is for a different sampler ({diff})")
+            raise LoaderxValueError(f"state_dict is for a different sampler ({diff})")
         self.seek(step)
 
     @classmethod
@@ -262,10 +258,10 @@ class Sampler:
     @staticmethod
     def _parse_state(state: Any) -> tuple[int, int, _Mode, int, int]:
         if not isinstance(state, dict):
-            raise ValueError(f"state_dict must be a dict, got {type(state).__name__}")
+            raise LoaderxValueError(f"state_dict must be a dict, got {type(state).__name__}")
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
-            raise ValueError(f"state_dict is missing {', '.join(missing)}")
+            raise LoaderxValueError(f"state_dict is missing {', '.join(missing)}")
         return (
             _u64(state["length"], "length", 1),
             _u64(state["batch_size"], "batch_size", 1),

@@ -20,6 +20,8 @@ With PyTorch, after ``torch.distributed.init_process_group(...)``::
 
 from __future__ import annotations
 
+from loaderx.errors import LoaderxError
+
 __all__ = ["jax_process_shard", "single_process", "torch_process_shard"]
 
 
@@ -46,7 +48,7 @@ def torch_process_shard() -> tuple[int, int]:
     except ImportError as e:
         raise ImportError("torch_process_shard needs PyTorch (pip install torch)") from e
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(
+        raise LoaderxError(
             "torch.distributed is not initialized: call torch.distributed.init_process_group() "
             "first, or pass shard_index/shard_count yourself (single_process() for one process)")
     return int(dist.get_rank()), int(dist.get_world_size())

@@ -28,15 +28,16 @@ import numpy as np
 
 from loaderx import _native
 from loaderx._convert import as_indices, as_offsets, destination_bytes, source_bytes
-from loaderx.errors import ZrecordValueError
+from loaderx.errors import LoaderxValueError
 
 __all__ = ["Zrecord", "Codec", "CODECS", "MAX_RECORDS", "MAX_RECORD_BYTES"]
 
 #: A codec name, for type checkers: ``codec="lz4"`` is an error before the program runs.
 Codec = Literal["raw", "zstd", "zstd_dict"]
 
-#: Codec names accepted by :class:`Zrecord` and :meth:`Zrecord.append`.
-CODECS = ("raw", "zstd", "zstd_dict")
+#: Codec names accepted by :class:`Zrecord` and :meth:`Zrecord.append` (the engine's list;
+#: ``tests/test_errors.py`` checks that :data:`Codec` spells the same names).
+CODECS: tuple[str, ...] = _native.CODECS
 #: Most records one store holds.
 MAX_RECORDS: int = _native.MAX_RECORDS
 #: Largest record, in bytes.
@@ -47,10 +48,10 @@ MAX_RECORD_BYTES: int = _native.MAX_RECORD_BYTES
 atexit.register(_native.begin_exit)
 
 
-def _codec(codec: Any) -> str:
-    if not isinstance(codec, str) or codec not in CODECS + ("zstdict",):
-        raise ZrecordValueError(f"unknown codec {codec!r}: expected one of {', '.join(CODECS)}")
-    return codec
+def _codec(codec: Any) -> Codec:
+    """The canonical name of ``codec``; the engine decides (LoaderxValueError if unknown)."""
+    name: Codec = _native.canonical_codec(codec)
+    return name
 
 
 class Zrecord:
@@ -203,7 +204,7 @@ class Zrecord:
         concatenation of samples of the given ``sizes``, and saves it as ``dict.zr``. Returns
         its size. A store's dictionary cannot be replaced once trained."""
         if not isinstance(target, (int, np.integer)) or target <= 0:
-            raise ZrecordValueError(f"target must be a positive int, got {target!r}")
+            raise LoaderxValueError(f"target must be a positive int, got {target!r}")
         return self._native.train_dict(
             source_bytes(samples, "samples"), as_offsets(sizes, "sizes"), int(target)
         )

@@ -6,13 +6,12 @@
 //! races with us exactly as it would with any NumPy operation that releases the GIL.
 
 use pyo3::buffer::{Element, PyBuffer};
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// A read-only view of a C-contiguous buffer.
 pub fn slice<'b, T: Element>(buf: &'b PyBuffer<T>, what: &str) -> PyResult<&'b [T]> {
     if !buf.is_c_contiguous() {
-        return Err(PyValueError::new_err(format!("{what} must be C-contiguous")));
+        return Err(crate::errors::bad_argument(format!("{what} must be C-contiguous")));
     }
     if buf.item_count() == 0 {
         return Ok(&[]);
@@ -27,10 +26,10 @@ pub fn slice<'b, T: Element>(buf: &'b PyBuffer<T>, what: &str) -> PyResult<&'b [
 #[allow(clippy::mut_from_ref)] // the memory belongs to the Python object, not to `buf`
 pub fn slice_mut<'b, T: Element>(buf: &'b PyBuffer<T>, what: &str) -> PyResult<&'b mut [T]> {
     if buf.readonly() {
-        return Err(PyValueError::new_err(format!("{what} is read-only")));
+        return Err(crate::errors::bad_argument(format!("{what} is read-only")));
     }
     if !buf.is_c_contiguous() {
-        return Err(PyValueError::new_err(format!("{what} must be C-contiguous")));
+        return Err(crate::errors::bad_argument(format!("{what} must be C-contiguous")));
     }
     if buf.item_count() == 0 {
         return Ok(&mut []);

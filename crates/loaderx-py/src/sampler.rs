@@ -16,18 +16,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use zsampler::{Mode, Sampler as Core, SamplerError};
+use zsampler::{Mode, Sampler as Core};
 
 use crate::buffers::slice_mut;
 
 /// From this many indices per batch the work is done detached from the interpreter.
 const DETACH_AT: u64 = 1 << 16;
-
-fn value_error(err: SamplerError) -> PyErr {
-    PyValueError::new_err(err.to_string())
-}
 
 /// The batch index generator. See `loaderx.sampler.Sampler` for the public API.
 #[pyclass(name = "Sampler", module = "loaderx._native", frozen)]
@@ -40,13 +35,13 @@ impl Sampler {
     /// `out` as a uint64 buffer of `batch_size` items, or a `ValueError` saying why not.
     fn batch_buffer(&self, out: &Bound<'_, PyAny>) -> PyResult<PyBuffer<u64>> {
         let buf = PyBuffer::<u64>::get(out).map_err(|err| {
-            PyValueError::new_err(format!(
+            crate::errors::bad_argument(format!(
                 "out must be a uint64 buffer (a NumPy uint64 array): {err}"
             ))
         })?;
         let got = buf.item_count() as u64;
         if got != self.core.batch_size() {
-            return Err(PyValueError::new_err(format!(
+            return Err(crate::errors::bad_argument(format!(
                 "out holds {got} items, expected batch_size = {}",
                 self.core.batch_size()
             )));
@@ -62,7 +57,7 @@ impl Sampler {
         } else {
             self.core.fill(step, out)
         };
-        result.map_err(value_error)
+        result.map_err(crate::errors::sampler_to_py)
     }
 }
 
@@ -72,8 +67,9 @@ impl Sampler {
     /// an unsigned 64-bit integer (the Python wrapper maps any integer onto it).
     #[new]
     fn new(length: u64, batch_size: u64, mode: u8, seed: u64) -> PyResult<Self> {
-        let mode = Mode::try_from(mode).map_err(value_error)?;
-        let core = Core::new(length, batch_size, mode, seed).map_err(value_error)?;
+        let mode = Mode::try_from(mode).map_err(crate::errors::sampler_to_py)?;
+        let core =
+            Core::new(length, batch_size, mode, seed).map_err(crate::errors::sampler_to_py)?;
         Ok(Self { core, step: AtomicU64::new(0) })
     }
 

@@ -6,10 +6,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use zrecord::{Codec, Error, Options, Store};
+use zrecord::{Codec, Options, Store};
 
 use crate::buffers::{slice, slice_mut, u64_values, writable_bytes};
 use crate::errors::IntoPyResult;
@@ -17,7 +16,7 @@ use crate::exit::detach;
 
 fn codec(name: &str) -> PyResult<Codec> {
     Codec::from_name(name).ok_or_else(|| {
-        PyValueError::new_err(format!(
+        crate::errors::bad_argument(format!(
             "unknown codec {name:?}: expected one of 'raw', 'zstd', 'zstd_dict'"
         ))
     })
@@ -36,7 +35,7 @@ pub struct PyStore {
 impl PyStore {
     fn get(&self) -> PyResult<&Store> {
         if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed).py();
+            return Err(crate::errors::closed());
         }
         Ok(&self.store)
     }
@@ -159,7 +158,9 @@ impl PyStore {
         let store = self.get()?;
         let idxs = idxs.to_vec(py)?;
         if out.item_count() != idxs.len() || out.readonly() || !out.is_c_contiguous() {
-            return Err(PyValueError::new_err("out must be a writable uint32 array of len(idxs)"));
+            return Err(crate::errors::bad_argument(
+                "out must be a writable uint32 array of len(idxs)",
+            ));
         }
         let lens = detach(py, || store.lengths(&idxs)).py()?;
         out.copy_from_slice(py, &lens)

@@ -113,7 +113,7 @@ impl Store {
             }
         }
 
-        self.failpoints.hit("append:before-data").map_err(Error::invalid)?;
+        self.failpoints.hit("append:before-data").map_err(Error::internal)?;
         let touched: BTreeSet<u64> = writes.iter().map(|w| w.chunk).collect();
         for &id in &touched {
             if id == state.tail_chunk && state.tail_offset > 0 {
@@ -130,7 +130,7 @@ impl Store {
             Ok(())
         })?;
         state.dirty_chunks.extend(touched);
-        self.failpoints.hit("append:before-table").map_err(Error::invalid)?;
+        self.failpoints.hit("append:before-table").map_err(Error::internal)?;
         self.write_entries(first, &entries)?;
         state.dirty_table = true;
         if let Some(sums) = self.sums.get() {
@@ -145,7 +145,7 @@ impl Store {
             sums.write(&self.disk, first, &sums_of)?;
             state.dirty_sums = true;
         }
-        self.failpoints.hit("append:before-publish").map_err(Error::invalid)?;
+        self.failpoints.hit("append:before-publish").map_err(Error::internal)?;
         state.tail_chunk = chunk;
         state.tail_offset = offset;
         self.len.publish((first + n) as u32);
@@ -201,7 +201,7 @@ impl Store {
                 let start = out.len();
                 r.codec = encoder
                     .encode(codec, &src[r.src.0..r.src.1], &mut out)
-                    .map_err(|e| Error::invalid(format!("compression failed: {e}")))?;
+                    .map_err(|e| Error::internal(format!("compression failed: {e}")))?;
                 if r.codec != Codec::Raw {
                     r.stored = (start, out.len());
                 }

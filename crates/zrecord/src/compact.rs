@@ -147,7 +147,7 @@ impl Store {
             self.move_batch(batch, &mut state)?;
         }
 
-        self.failpoints.hit("compact:before-header").map_err(Error::invalid)?;
+        self.failpoints.hit("compact:before-header").map_err(Error::internal)?;
         state.tail_chunk = chunk;
         state.tail_offset = offset;
         state.dirty_table = true;
@@ -185,7 +185,7 @@ impl Store {
             stage_end = stage_end.max((stage.0, stage.1 + size as u64));
             at += size;
         }
-        self.failpoints.hit("compact:staged").map_err(Error::invalid)?;
+        self.failpoints.hit("compact:staged").map_err(Error::internal)?;
         // The header's frontier moves past the staging area (with the staged bytes synced)
         // before any entry points there: a durable entry never lies past the durable frontier,
         // where appends would overwrite it.
@@ -204,7 +204,7 @@ impl Store {
             self.chunks.get_or_create(m.dest.0)?.write(m.dest.1, &batch.bytes[at..at + size])?;
             placed.insert(m.dest.0);
             at += size;
-            self.failpoints.hit("compact:move").map_err(Error::invalid)?;
+            self.failpoints.hit("compact:move").map_err(Error::internal)?;
         }
         self.repoint(&placed, batch.moves.iter().map(|(m, _)| (m, m.dest)))?;
         self.drop_cold_copies(&batch);

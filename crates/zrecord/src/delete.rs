@@ -49,7 +49,7 @@ impl Store {
             }
             live -= 1;
             if let Err(e) = self.failpoints.hit("delete:swapped") {
-                result = Err(Error::invalid(e));
+                result = Err(Error::internal(e));
                 break;
             }
         }

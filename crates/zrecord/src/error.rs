@@ -57,10 +57,12 @@ pub enum Error {
         path: PathBuf,
     },
     /// The caller passed something unusable: unknown codec, bad offsets, overlapping or
-    /// overflowing destination ranges, a dictionary that is already trained.
+    /// overflowing destination ranges, a dictionary that is already trained, samples a
+    /// dictionary cannot be trained on.
     InvalidArgument(String),
-    /// The store handle was closed.
-    Closed,
+    /// A failure no argument explains: zstd could not compress a record or rejected the
+    /// dictionary it had just trained, or a test's failpoint fired.
+    Internal(String),
 }
 
 impl Error {
@@ -74,6 +76,10 @@ impl Error {
 
     pub(crate) fn invalid(detail: impl Into<String>) -> Self {
         Error::InvalidArgument(detail.into())
+    }
+
+    pub(crate) fn internal(detail: impl Into<String>) -> Self {
+        Error::Internal(detail.into())
     }
 }
 
@@ -98,7 +104,7 @@ impl fmt::Display for Error {
                 path.display()
             ),
             Error::InvalidArgument(why) => f.write_str(why),
-            Error::Closed => f.write_str("store is closed"),
+            Error::Internal(why) => write!(f, "internal error: {why}"),
         }
     }
 }

@@ -169,10 +169,14 @@ impl Codec {
         }
     }
 
-    /// The codec named by the Python API: `raw`, `zstd`, `zstd_dict` (also `zstdict`).
+    /// Every codec, in tag order: the one list the binding and the Python API take names from.
+    pub const ALL: [Codec; 3] = [Codec::Raw, Codec::Zstd, Codec::ZstdDict];
+
+    /// The codec named by the Python API: `raw`, `zstd`, `zstd_dict` (also `zstdict`, the
+    /// reference's spelling).
     pub fn from_name(name: &str) -> Option<Codec> {
         match name {
-            "raw" | "none" => Some(Codec::Raw),
+            "raw" => Some(Codec::Raw),
             "zstd" => Some(Codec::Zstd),
             "zstd_dict" | "zstdict" => Some(Codec::ZstdDict),
             _ => None,
@@ -229,11 +233,13 @@ mod tests {
 
     #[test]
     fn codec_names_round_trip() {
-        for c in [Codec::Raw, Codec::Zstd, Codec::ZstdDict] {
+        for c in Codec::ALL {
             assert_eq!(Codec::from_name(c.name()), Some(c));
             assert_eq!(Codec::from_tag(c as u8), Some(c));
         }
         assert_eq!(Codec::from_tag(3), None);
         assert_eq!(Codec::from_name("lz4"), None);
+        assert_eq!(Codec::from_name("none"), None);
+        assert_eq!(Codec::from_name("zstdict"), Some(Codec::ZstdDict));
     }
 }

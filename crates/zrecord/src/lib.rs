@@ -16,6 +16,7 @@ compile_error!(
 
 mod access;
 mod append;
+#[cfg(feature = "bench")]
 pub mod ceiling;
 mod chunks;
 mod codec;

@@ -496,7 +496,7 @@ impl Store {
             }
             state.dirty_sums = false;
         }
-        self.failpoints.hit("sync:before-header").map_err(Error::invalid)?;
+        self.failpoints.hit("sync:before-header").map_err(Error::internal)?;
         let (tail_chunk, tail_offset) = (state.tail_chunk as u16, state.tail_offset as u32);
         self.meta.store_tail_and_length(tail_chunk, tail_offset, len);
         self.disk.note_mapped_write(&self.meta_path, 0, bytemuck::bytes_of(&self.meta.header()));
@@ -612,7 +612,7 @@ impl Store {
         let raw = crate::codec::train(samples, sizes, target)
             .map_err(|e| Error::invalid(format!("dictionary training failed: {e}")))?;
         let dict = Dictionary::new(raw)
-            .ok_or_else(|| Error::invalid("zstd rejected the dictionary it trained"))?;
+            .ok_or_else(|| Error::internal("zstd rejected the dictionary it trained"))?;
         let size = dict.raw().len();
         let path = self.dir.join(DICT_FILE);
         write_durably(&self.disk, &self.dir, &path, dict.raw(), size as u64)?;

@@ -1,0 +1,64 @@
+//! Benchmark ceilings, built only with the `bench` feature (the development environment of
+//! `scripts/env.sh`; never in the default wheel): the same copy and the same reads a gather
+//! does, without the store, for `scripts/bench_store.py` and `scripts/bench_cold.py` to
+//! measure gathers against.
+
+use pyo3::prelude::*;
+
+use crate::{buffers, errors, exit};
+
+/// Benchmark ceiling: copies fixed-size records at `idxs` from an in-memory `src` into `dst`
+/// on the same pool and with the same sharding as a gather.
+#[pyfunction]
+fn copy_records(
+    py: Python<'_>,
+    src: pyo3::buffer::PyBuffer<u8>,
+    record: usize,
+    idxs: pyo3::buffer::PyBuffer<u64>,
+    dst: pyo3::buffer::PyBuffer<u8>,
+) -> PyResult<()> {
+    let idxs = idxs.to_vec(py)?;
+    if src.is_c_contiguous() && dst.is_c_contiguous() && buffers::overlap(&src, &dst) {
+        return Err(errors::bad_argument(
+            "src and destination share memory; copy_records needs separate buffers",
+        ));
+    }
+    let src = buffers::slice(&src, "src")?;
+    let dst = buffers::slice_mut(&dst, "destination")?;
+    let fits = idxs.iter().all(|&i| {
+        i.checked_add(1)
+            .and_then(|n| n.checked_mul(record as u64))
+            .is_some_and(|end| end <= src.len() as u64)
+    });
+    if !fits || dst.len() < idxs.len() * record {
+        return Err(errors::bad_argument("index or destination out of range"));
+    }
+    exit::detach(py, || zrecord::ceiling::copy_records(src, record, &idxs, dst));
+    Ok(())
+}
+
+/// Benchmark ceiling for cold reads: `record` bytes at each of `offsets` of the file at `path`
+/// into `dst`, with plain `pread`s on `threads` threads.
+#[pyfunction]
+fn pread_records(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    offsets: pyo3::buffer::PyBuffer<u64>,
+    record: usize,
+    dst: pyo3::buffer::PyBuffer<u8>,
+    threads: usize,
+) -> PyResult<()> {
+    let offsets = offsets.to_vec(py)?;
+    let dst = buffers::slice_mut(&dst, "destination")?;
+    if dst.len() < offsets.len().saturating_mul(record) {
+        return Err(errors::bad_argument("destination too small"));
+    }
+    exit::detach(py, || zrecord::ceiling::pread_records(&path, &offsets, record, dst, threads))
+        .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
+}
+
+/// Adds the ceilings to the native module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(copy_records, m)?)?;
+    m.add_function(wrap_pyfunction!(pread_records, m)?)
+}
