@@ -11,10 +11,11 @@ use std::sync::Mutex;
 
 use crate::codec::Encoder;
 use crate::error::{Error, Result};
+use crate::format::SumEntry;
 use crate::format::{Codec, RecordLoc, MAX_CHUNKS, MAX_RECORDS, MAX_RECORD_BYTES};
 use crate::pool::{run_balanced, run_sharded};
 use crate::store::Store;
-use crate::sums::{binding, record_sum, SumEntry};
+use crate::sums::{binding, record_sum};
 
 /// Where a record's stored bytes are: in the caller's buffer, or in a shard's output buffer.
 #[derive(Clone, Copy, PartialEq, Eq)]

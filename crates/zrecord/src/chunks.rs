@@ -19,7 +19,8 @@ use crate::disk::Disk;
 use crate::error::{Error, Result};
 use crate::files;
 use crate::format::{chunk_file_name, MAX_CHUNKS};
-use crate::mapped::{ChunkMap, Slots};
+use crate::mapped::ChunkMap;
+use crate::slots::Slots;
 
 /// One open chunk file.
 pub struct Chunk {

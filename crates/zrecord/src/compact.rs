@@ -22,9 +22,10 @@ use std::collections::BTreeSet;
 
 use crate::cold::merge_spans;
 use crate::error::{Error, Result};
+use crate::format::SumEntry;
 use crate::format::{chunk_file_name, RecordLoc, MAX_CHUNKS};
 use crate::store::{Store, WriterState};
-use crate::sums::{binding, SumEntry};
+use crate::sums::binding;
 
 /// Most bytes moved per batch (each batch costs four syncs).
 const BATCH_BYTES: u64 = 64 << 20;

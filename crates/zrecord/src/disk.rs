@@ -16,6 +16,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::error::{Error, Result};
 use crate::files::OPEN_FLAGS;
 
 /// One change to the files of a store, as the journal records it.
@@ -294,5 +295,55 @@ impl Disk {
             || File::open(dir).and_then(|d| d.sync_all()),
             || Change::SyncDir { dir: dir.to_path_buf() },
         )
+    }
+}
+
+/// Durable file creation, built from the changes above (so the journal sees every step).
+impl Disk {
+    /// Creates `path` holding `data` at the start of a `len`-byte file (sparse past `data`) unless
+    /// it exists: built under a temporary name, synced, and renamed into place only if no other
+    /// creator got there first (the first file made is the one every handle uses), so a concurrent
+    /// creator or a crash never leaves a half-made one.
+    pub fn create_once(&self, dir: &Path, path: &Path, data: &[u8], len: u64) -> Result<()> {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        let build = || -> std::io::Result<bool> {
+            let f = self.create_exclusive(&tmp)?;
+            if len > data.len() as u64 {
+                self.set_len(&f, &tmp, len)?;
+            }
+            self.write_at(&f, &tmp, 0, data)?;
+            self.sync_file(&f, &tmp)?;
+            self.rename_noreplace(&tmp, path)
+        };
+        let result = build();
+        if !matches!(result, Ok(true)) {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        match result {
+            Ok(true) => self.sync_dir(dir).map_err(|e| Error::io(dir, e)),
+            Ok(false) => Ok(()), // another creator won
+            Err(e) => Err(Error::io(path, e)),
+        }
+    }
+
+    /// Writes `data` at the start of a `len`-byte file (sparse past `data`) under a temporary name,
+    /// syncs it, renames it to `path` and syncs the directory.
+    pub fn write_durably(&self, dir: &Path, path: &Path, data: &[u8], len: u64) -> Result<()> {
+        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            let f = self.create_exclusive(&tmp)?;
+            if len > data.len() as u64 {
+                self.set_len(&f, &tmp, len)?;
+            }
+            self.write_at(&f, &tmp, 0, data)?;
+            self.sync_file(&f, &tmp)?;
+            self.rename(&tmp, path)
+        };
+        if let Err(e) = write() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::io(path, e));
+        }
+        self.sync_dir(dir).map_err(|e| Error::io(dir, e))
     }
 }

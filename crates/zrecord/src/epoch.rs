@@ -242,5 +242,5 @@ fn create(dir: &Path, path: &Path, disk: &Disk) -> Result<()> {
         return Ok(());
     }
     let header = EpochHeader::new();
-    crate::store::create_once(disk, dir, path, bytemuck::bytes_of(&header), EPOCH_BYTES)
+    disk.create_once(dir, path, bytemuck::bytes_of(&header), EPOCH_BYTES)
 }

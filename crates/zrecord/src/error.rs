@@ -78,6 +78,14 @@ impl Error {
         Error::InvalidArgument(detail.into())
     }
 
+    /// A record whose bytes no longer match the checksum `sums.zr` keeps for it.
+    pub(crate) fn checksum_mismatch(chunk: PathBuf, index: u64) -> Self {
+        Error::corrupt(
+            chunk,
+            format!("record {index} does not match its checksum: its bytes changed"),
+        )
+    }
+
     pub(crate) fn internal(detail: impl Into<String>) -> Self {
         Error::Internal(detail.into())
     }

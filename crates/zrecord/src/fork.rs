@@ -10,6 +10,7 @@
 //! - every writer-lock descriptor is listed in a fixed, lock-free table, and the same handler
 //!   closes them all in the child, so a child never keeps the parent's writer lock alive after
 //!   the parent has let it go.
+#![expect(unsafe_code, reason = "registers a pthread_atfork handler and closes descriptors in it")]
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};

@@ -198,6 +198,44 @@ pub fn entry_position(index: u64) -> u64 {
     HEADER_BYTES + index * ENTRY_BYTES
 }
 
+// --- sums.zr: optional record checksums (a loaderx extension) -----------------------------
+
+/// Name of the checksum file.
+pub const SUMS_FILE: &str = "sums.zr";
+/// Bytes before the first entry.
+pub const SUMS_HEADER_BYTES: u64 = 16;
+/// Size of `sums.zr`: the header and one entry per possible record (sparse).
+pub const SUMS_BYTES: u64 = SUMS_HEADER_BYTES + MAX_RECORDS * 16;
+pub const SUMS_MAGIC: [u8; 4] = *b"ZSUM";
+pub const SUMS_VERSION: u16 = 1;
+/// Checksum algorithm tag: 1 = XXH3-64.
+pub const ALGORITHM_XXH3_64: u16 = 1;
+
+/// ## Format
+/// Bytes 0..16 of `sums.zr` (docs/FORMAT.md, "sums.zr"): `magic "ZSUM" | version u16 = 1 | algorithm u16 = 1 | reserved u64`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+pub struct SumsHeader {
+    pub magic: [u8; 4],
+    pub version: u16,
+    pub algorithm: u16,
+    pub reserved: u64,
+}
+
+/// ## Format
+/// One 16-byte entry: `sum u64 | binding u64`. All zeros: no checksum.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct SumEntry {
+    /// XXH3-64 of the record's logical (decoded) bytes.
+    pub sum: u64,
+    /// `sums::binding` of the table entry the sum belongs to.
+    pub binding: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<SumsHeader>() == SUMS_HEADER_BYTES as usize);
+const _: () = assert!(std::mem::size_of::<SumEntry>() == 16);
+
 #[cfg(test)]
 mod tests {
     use super::*;

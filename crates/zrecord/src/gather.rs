@@ -118,7 +118,7 @@ impl Store {
     pub(crate) fn check_sum(&self, sums: Option<&Sums>, s: &Slot<'_>) -> Result<()> {
         match sums {
             Some(sums) if sums.check(s.index, &s.loc, s.dst) == Verdict::Bad => {
-                Err(checksum_mismatch(self.chunks.path(u64::from(s.loc.chunk_id)), s.index))
+                Err(Error::checksum_mismatch(self.chunks.path(u64::from(s.loc.chunk_id)), s.index))
             }
             _ => Ok(()),
         }
@@ -205,11 +205,6 @@ pub(crate) fn for_record(e: Error, index: u64) -> Error {
         }
         other => other,
     }
-}
-
-/// The error of a record whose bytes no longer match its checksum.
-pub(crate) fn checksum_mismatch(chunk: std::path::PathBuf, index: u64) -> Error {
-    Error::corrupt(chunk, format!("record {index} does not match its checksum: its bytes changed"))
 }
 
 /// Cuts `dst` into one disjoint mutable slice per record, refusing ranges that overflow `dst` or

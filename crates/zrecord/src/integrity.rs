@@ -5,12 +5,12 @@
 use std::sync::Mutex;
 
 use crate::codec::Decoder;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::format::SumEntry;
 use crate::format::{RecordLoc, MAX_RECORD_BYTES};
-use crate::gather::checksum_mismatch;
 use crate::pool::run_sharded;
 use crate::store::Store;
-use crate::sums::{binding, record_sum, SumEntry, Sums, Verdict};
+use crate::sums::{binding, record_sum, Sums, Verdict};
 
 /// Records per verification block.
 const BLOCK: u64 = 4096;
@@ -97,7 +97,10 @@ impl Store {
                             Some(Verdict::Bad) => {
                                 checked += 1;
                                 let chunk = self.chunks.path(u64::from(loc.chunk_id));
-                                failures.push((index, checksum_mismatch(chunk, index).to_string()));
+                                failures.push((
+                                    index,
+                                    Error::checksum_mismatch(chunk, index).to_string(),
+                                ));
                             }
                             Some(Verdict::Unchecked) | None => unchecked += 1,
                         },

@@ -9,6 +9,11 @@
 //! [`Store::append`], [`Store::gather`], [`Store::lengths`], [`Store::delete`],
 //! [`Store::compact`]. This crate has no Python in it; `crates/loaderx-py` binds it.
 
+// Every `unsafe` block lives in a module that says why with `#![expect(unsafe_code)]`:
+// mapped.rs (mmap views), slots.rs (lock-free table), pool.rs (pool slot), fork.rs (atfork),
+// dict_training.rs (zstd's C trainer).
+#![deny(unsafe_code)]
+
 #[cfg(target_endian = "big")]
 compile_error!(
     "zrecord stores are little-endian and used in place: big-endian hosts are not supported"
@@ -36,6 +41,7 @@ mod integrity;
 mod mapped;
 pub mod pool;
 pub mod published;
+mod slots;
 mod store;
 pub mod sums;
 

@@ -9,6 +9,10 @@
 //! The compute pool's size comes from `LOADERX_NUM_THREADS` when set, else from the available
 //! parallelism; [`set_num_threads`] changes it for later calls. The I/O pool has
 //! `LOADERX_IO_THREADS` threads (default [`DEFAULT_IO_THREADS`]).
+#![expect(
+    unsafe_code,
+    reason = "the pool slot is a leaked box behind an atomic pointer, so a forked child never blocks on it"
+)]
 
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 

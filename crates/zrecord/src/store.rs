@@ -615,7 +615,7 @@ impl Store {
             .ok_or_else(|| Error::internal("zstd rejected the dictionary it trained"))?;
         let size = dict.raw().len();
         let path = self.dir.join(DICT_FILE);
-        write_durably(&self.disk, &self.dir, &path, dict.raw(), size as u64)?;
+        self.disk.write_durably(&self.dir, &path, dict.raw(), size as u64)?;
         let _ = self.dict.set(Arc::new(dict));
         Ok(size)
     }
@@ -721,64 +721,5 @@ fn open_meta(path: &Path) -> Result<(File, Option<i32>)> {
 
 /// Creates `meta.zr`: a sparse file with an empty header (see `create_once`).
 fn create_meta(disk: &Disk, dir: &Path, meta_path: &Path) -> Result<()> {
-    create_once(disk, dir, meta_path, bytemuck::bytes_of(&Header::empty()), META_BYTES)
-}
-
-/// Creates `path` holding `data` at the start of a `len`-byte file (sparse past `data`) unless
-/// it exists: built under a temporary name, synced, and renamed into place only if no other
-/// creator got there first (the first file made is the one every handle uses), so a concurrent
-/// creator or a crash never leaves a half-made one.
-pub(crate) fn create_once(
-    disk: &Disk,
-    dir: &Path,
-    path: &Path,
-    data: &[u8],
-    len: u64,
-) -> Result<()> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let build = || -> std::io::Result<bool> {
-        let f = disk.create_exclusive(&tmp)?;
-        if len > data.len() as u64 {
-            disk.set_len(&f, &tmp, len)?;
-        }
-        disk.write_at(&f, &tmp, 0, data)?;
-        disk.sync_file(&f, &tmp)?;
-        disk.rename_noreplace(&tmp, path)
-    };
-    let result = build();
-    if !matches!(result, Ok(true)) {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    match result {
-        Ok(true) => disk.sync_dir(dir).map_err(|e| Error::io(dir, e)),
-        Ok(false) => Ok(()), // another creator won
-        Err(e) => Err(Error::io(path, e)),
-    }
-}
-
-/// Writes `data` at the start of a `len`-byte file (sparse past `data`) under a temporary name,
-/// syncs it, renames it to `path` and syncs the directory.
-pub(crate) fn write_durably(
-    disk: &Disk,
-    dir: &Path,
-    path: &Path,
-    data: &[u8],
-    len: u64,
-) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let write = || -> std::io::Result<()> {
-        let f = disk.create_exclusive(&tmp)?;
-        if len > data.len() as u64 {
-            disk.set_len(&f, &tmp, len)?;
-        }
-        disk.write_at(&f, &tmp, 0, data)?;
-        disk.sync_file(&f, &tmp)?;
-        disk.rename(&tmp, path)
-    };
-    if let Err(e) = write() {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io(path, e));
-    }
-    disk.sync_dir(dir).map_err(|e| Error::io(dir, e))
+    disk.create_once(dir, meta_path, bytemuck::bytes_of(&Header::empty()), META_BYTES)
 }

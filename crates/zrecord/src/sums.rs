@@ -11,50 +11,16 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use bytemuck::{Pod, Zeroable};
+use bytemuck::Zeroable;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::disk::Disk;
 use crate::error::{Error, Result};
-use crate::format::{RecordLoc, MAX_RECORDS};
+use crate::format::{
+    RecordLoc, SumEntry, SumsHeader, ALGORITHM_XXH3_64, SUMS_BYTES, SUMS_FILE, SUMS_HEADER_BYTES,
+    SUMS_MAGIC, SUMS_VERSION,
+};
 use crate::mapped::SumsMap;
-use crate::store::write_durably;
-
-/// Name of the checksum file.
-pub const SUMS_FILE: &str = "sums.zr";
-/// Bytes before the first entry.
-pub const SUMS_HEADER_BYTES: u64 = 16;
-/// Size of `sums.zr`: the header and one entry per possible record (sparse).
-pub const SUMS_BYTES: u64 = SUMS_HEADER_BYTES + MAX_RECORDS * 16;
-const SUMS_MAGIC: [u8; 4] = *b"ZSUM";
-const SUMS_VERSION: u16 = 1;
-/// Checksum algorithm tag: 1 = XXH3-64.
-const ALGORITHM_XXH3_64: u16 = 1;
-
-/// ## Format
-/// Bytes 0..16 of `sums.zr`: `magic "ZSUM" | version u16 = 1 | algorithm u16 = 1 | reserved u64`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
-pub struct SumsHeader {
-    pub magic: [u8; 4],
-    pub version: u16,
-    pub algorithm: u16,
-    pub reserved: u64,
-}
-
-/// ## Format
-/// One 16-byte entry: `sum u64 | binding u64`. All zeros: no checksum.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
-pub struct SumEntry {
-    /// XXH3-64 of the record's logical (decoded) bytes.
-    pub sum: u64,
-    /// [`binding`] of the table entry the sum belongs to.
-    pub binding: u64,
-}
-
-const _: () = assert!(std::mem::size_of::<SumsHeader>() == SUMS_HEADER_BYTES as usize);
-const _: () = assert!(std::mem::size_of::<SumEntry>() == 16);
 
 /// The checksum of a record's logical bytes.
 pub fn record_sum(bytes: &[u8]) -> u64 {
@@ -121,7 +87,7 @@ impl Sums {
             algorithm: ALGORITHM_XXH3_64,
             reserved: 0,
         };
-        write_durably(disk, dir, &path, bytemuck::bytes_of(&header), SUMS_BYTES)?;
+        disk.write_durably(dir, &path, bytemuck::bytes_of(&header), SUMS_BYTES)?;
         Sums::open(dir, true)?.ok_or_else(|| Error::corrupt(&path, "vanished after creation"))
     }
 
