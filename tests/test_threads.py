@@ -24,6 +24,8 @@ from loaderx.zrecord import Zrecord
 SECONDS = 2.0
 N = 2000
 ROWS = (np.arange(N * 16, dtype=np.int64).reshape(N, 16) * 3) % 1009
+#: The calls the threads count; each must have been made a few times.
+KINDS = ("store", "dataset", "loader", "append", "busy")
 
 
 def test_many_threads_on_one_store_dataset_and_loader(tmp_path):
@@ -107,14 +109,24 @@ def test_many_threads_on_one_store_dataset_and_loader(tmp_path):
                                      + [dataset_reader] * 4 + [loader_consumer] * 4)]
     for t in threads:
         t.start()
-    time.sleep(SECONDS)
+    # SECONDS at least, then on until every kind of call was made a few times (a loaded machine
+    # makes the run longer, not thinner) or a thread reported a problem; a run that makes no
+    # progress gives up after rel.HANG_SECONDS more and fails on the counts below.
+    start = time.monotonic()
+    while not problems:
+        elapsed = time.monotonic() - start
+        if elapsed >= SECONDS and min(counts[k] for k in KINDS) > 5:
+            break
+        if elapsed > SECONDS + rel.HANG_SECONDS:
+            break
+        time.sleep(0.01)
     stop.set()
     for t in threads:
         t.join(30)
     loader.close()
     assert not any(t.is_alive() for t in threads), "a thread hung"
     assert problems == [], problems[:5]
-    assert min(counts[k] for k in ("store", "dataset", "loader", "append", "busy")) > 5, counts
+    assert min(counts[k] for k in KINDS) > 5, counts
 
     # Consumers raced on one loader: together they got each step exactly once, in any order.
     sampler = Sampler(N, 32, "cyclic", 11)

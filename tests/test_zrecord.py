@@ -332,15 +332,19 @@ def test_threads_gather_while_appending(tmp_path):
         z.append(*pack(recs[:100]))
         done = threading.Event()
         failures: list[str] = []
+        died: list[BaseException] = []
 
         def reader(seed: int) -> None:
-            rng = np.random.default_rng(seed)
-            while not done.is_set():
-                n = len(z)
-                idx = rng.integers(0, n, size=32)
-                for i, got in zip(idx, read(z, idx)):
-                    if got != recs[i]:
-                        failures.append(f"record {i}")
+            try:
+                rng = np.random.default_rng(seed)
+                while not done.is_set():
+                    n = len(z)
+                    idx = rng.integers(0, n, size=32)
+                    for i, got in zip(idx, read(z, idx)):
+                        if got != recs[i]:
+                            failures.append(f"record {i}")
+            except BaseException as e:  # raised again in the test's thread
+                died.append(e)
 
         threads = [threading.Thread(target=reader, args=(s,)) for s in range(4)]
         for t in threads:
@@ -350,6 +354,8 @@ def test_threads_gather_while_appending(tmp_path):
         done.set()
         for t in threads:
             t.join()
+        if died:  # a reader that died of an exception fails the test with it
+            raise AssertionError(f"{len(died)} reader thread(s) died") from died[0]
         assert failures == []
         assert read(z, range(400)) == recs
 

@@ -1,5 +1,5 @@
-//! `append`: compress concurrently, assign locations serially, write concurrently, then commit
-//! the table entries and publish the new length.
+//! `append`: compress concurrently, plan the records' places from the frontier ([`plan`], pure),
+//! write the data concurrently, then commit: the table entries, the checksums, the new length.
 //!
 //! Everything that can be refused (sizes, limits, codec, writer lock) is checked before the
 //! first byte is written. Data lands in the chunk files before its table entries, and the
@@ -11,10 +11,10 @@ use std::sync::Mutex;
 
 use crate::codec::Encoder;
 use crate::error::{Error, Result};
-use crate::format::SumEntry;
-use crate::format::{Codec, RecordLoc, MAX_CHUNKS, MAX_RECORDS, MAX_RECORD_BYTES};
+use crate::format::{Codec, RecordLoc, SumEntry, MAX_CHUNKS, MAX_RECORDS, MAX_RECORD_BYTES};
+use crate::frontier::Frontier;
 use crate::pool::{run_balanced, run_sharded};
-use crate::store::Store;
+use crate::store::{Store, WriterState};
 use crate::sums::{binding, record_sum};
 
 /// Where a record's stored bytes are: in the caller's buffer, or in a shard's output buffer.
@@ -79,58 +79,11 @@ impl Store {
         if first + n > MAX_RECORDS {
             return Err(record_limit(first + n));
         }
-        // Assign locations serially from the frontier; a record never straddles two chunks, and
-        // a chunk filled exactly moves the frontier to the start of the next one.
-        let capacity = self.chunks.capacity();
-        let (mut chunk, mut offset) = (state.tail_chunk, state.tail_offset);
-        let mut entries = Vec::with_capacity(records.len());
-        let mut writes: Vec<Write> = Vec::new();
-        for r in &records {
-            let len = (r.stored.1 - r.stored.0) as u64;
-            if offset + len > capacity {
-                chunk += 1;
-                offset = 0;
-            }
-            if chunk >= MAX_CHUNKS && len > 0 {
-                return Err(Error::LimitExceeded {
-                    what: "chunk count",
-                    limit: MAX_CHUNKS,
-                    requested: chunk + 1,
-                });
-            }
-            entries.push(RecordLoc {
-                offset: offset as u32,
-                phys_length: len as u32,
-                logic_length: (r.src.1 - r.src.0) as u32,
-                chunk_id: chunk.min(MAX_CHUNKS - 1) as u16,
-                codec: r.codec as u8,
-                reserved: 0,
-            });
-            push_write(&mut writes, Write { chunk, offset, buf: r.buf, range: r.stored });
-            offset += len;
-            if offset == capacity {
-                chunk += 1;
-                offset = 0;
-            }
-        }
-
-        self.failpoints.hit("append:before-data").map_err(Error::internal)?;
-        let touched: BTreeSet<u64> = writes.iter().map(|w| w.chunk).collect();
-        for &id in &touched {
-            if id == state.tail_chunk && state.tail_offset > 0 {
-                self.check_tail_chunk(id, state.tail_offset)?;
-            } else {
-                self.chunks.get_or_create(id)?;
-            }
-        }
-        let total: usize = writes.iter().map(|w| w.range.1 - w.range.0).sum();
-        run_sharded(&mut writes, total, |block: &mut [Write]| -> Result<()> {
-            for w in block.iter() {
-                self.chunks.get(w.chunk)?.write(w.offset, bytes_of(w.buf, w.range))?;
-            }
-            Ok(())
-        })?;
-        state.dirty_chunks.extend(touched);
+        let mut frontier =
+            Frontier::new(state.tail_chunk, state.tail_offset, self.chunks.capacity());
+        let (entries, mut writes) = plan(&records, &mut frontier)?;
+        self.write_data(&state, &mut writes, &bytes_of)?;
+        state.dirty_chunks.extend(writes.iter().map(|w| w.chunk));
         self.failpoints.hit("append:before-table").map_err(Error::internal)?;
         self.write_entries(first, &entries)?;
         state.dirty_table = true;
@@ -147,10 +100,35 @@ impl Store {
             state.dirty_sums = true;
         }
         self.failpoints.hit("append:before-publish").map_err(Error::internal)?;
-        state.tail_chunk = chunk;
-        state.tail_offset = offset;
+        (state.tail_chunk, state.tail_offset) = frontier.at();
         self.len.publish((first + n) as u32);
         Ok(first)
+    }
+
+    /// Writes the planned runs into their chunk files (in parallel), after checking that the
+    /// chunk holding the old frontier still reaches it and creating the chunks that are new.
+    fn write_data<'b>(
+        &self,
+        state: &WriterState,
+        writes: &mut [Write],
+        bytes_of: &(dyn Fn(Buf, (usize, usize)) -> &'b [u8] + Sync),
+    ) -> Result<()> {
+        self.failpoints.hit("append:before-data").map_err(Error::internal)?;
+        let touched: BTreeSet<u64> = writes.iter().map(|w| w.chunk).collect();
+        for &id in &touched {
+            if id == state.tail_chunk && state.tail_offset > 0 {
+                self.check_tail_chunk(id, state.tail_offset)?;
+            } else {
+                self.chunks.get_or_create(id)?;
+            }
+        }
+        let total: usize = writes.iter().map(|w| w.range.1 - w.range.0).sum();
+        run_sharded(writes, total, |block: &mut [Write]| -> Result<()> {
+            for w in block.iter() {
+                self.chunks.get(w.chunk)?.write(w.offset, bytes_of(w.buf, w.range))?;
+            }
+            Ok(())
+        })
     }
 
     /// The chunk holding the frontier must exist and reach it: appending to a recreated or
@@ -227,6 +205,32 @@ impl Store {
     }
 }
 
+/// The plan of an append (pure): each record's table entry and the runs of bytes to write,
+/// placed from `frontier` (which ends past the last record).
+fn plan(records: &[Pending], frontier: &mut Frontier) -> Result<(Vec<RecordLoc>, Vec<Write>)> {
+    let mut entries = Vec::with_capacity(records.len());
+    let mut writes: Vec<Write> = Vec::new();
+    for r in records {
+        let len = (r.stored.1 - r.stored.0) as u64;
+        let (chunk, offset) = frontier.place(len).ok_or(Error::LimitExceeded {
+            what: "chunk count",
+            limit: MAX_CHUNKS,
+            requested: frontier.chunk + 1,
+        })?;
+        entries.push(RecordLoc {
+            offset: offset as u32,
+            phys_length: len as u32,
+            logic_length: (r.src.1 - r.src.0) as u32,
+            // An empty record past the last chunk names the last one (it reads no bytes).
+            chunk_id: chunk.min(MAX_CHUNKS - 1) as u16,
+            codec: r.codec as u8,
+            reserved: 0,
+        });
+        push_write(&mut writes, Write { chunk, offset, buf: r.buf, range: r.stored });
+    }
+    Ok((entries, writes))
+}
+
 fn record_limit(requested: u64) -> Error {
     Error::LimitExceeded { what: "record count", limit: MAX_RECORDS, requested }
 }
@@ -273,4 +277,47 @@ fn record_ranges(len: usize, offsets: &[u64]) -> Result<Vec<(usize, usize)>> {
         ranges.push((start as usize, end as usize));
     }
     Ok(ranges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{plan, Buf, Pending};
+    use crate::error::Error;
+    use crate::format::{Codec, MAX_CHUNKS};
+    use crate::frontier::Frontier;
+
+    /// Raw records of the given lengths, back to back in the caller's buffer.
+    fn raw(lengths: &[usize]) -> Vec<Pending> {
+        let mut at = 0;
+        lengths
+            .iter()
+            .enumerate()
+            .map(|(index, &n)| {
+                at += n;
+                let r = (at - n, at);
+                Pending { index, src: r, codec: Codec::Raw, buf: Buf::Caller, stored: r }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn places_records_and_merges_contiguous_writes() {
+        let mut frontier = Frontier::new(0, 2, 10);
+        let (entries, writes) = plan(&raw(&[3, 5, 4, 0, 6]), &mut frontier).unwrap();
+        let places: Vec<(u16, u32, u32)> =
+            entries.iter().map(|e| (e.chunk_id, e.offset, e.phys_length)).collect();
+        assert_eq!(places, [(0, 2, 3), (0, 5, 5), (1, 0, 4), (1, 4, 0), (1, 4, 6)]);
+        assert_eq!(frontier.at(), (2, 0));
+        // One write per chunk: the records are contiguous in the caller's buffer and on disk.
+        let runs: Vec<(u64, u64, (usize, usize))> =
+            writes.iter().map(|w| (w.chunk, w.offset, w.range)).collect();
+        assert_eq!(runs, [(0, 2, (0, 8)), (1, 0, (8, 18))]);
+    }
+
+    #[test]
+    fn past_the_last_chunk_is_refused_before_anything_is_written() {
+        let mut frontier = Frontier::new(MAX_CHUNKS - 1, 6, 10);
+        let e = plan(&raw(&[4, 1]), &mut frontier).err().unwrap();
+        assert!(matches!(e, Error::LimitExceeded { what: "chunk count", .. }), "{e}");
+    }
 }

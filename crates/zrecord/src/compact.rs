@@ -22,8 +22,8 @@ use std::collections::BTreeSet;
 
 use crate::cold::merge_spans;
 use crate::error::{Error, Result};
-use crate::format::SumEntry;
-use crate::format::{chunk_file_name, RecordLoc, MAX_CHUNKS};
+use crate::format::{chunk_file_name, RecordLoc, SumEntry, MAX_CHUNKS};
+use crate::frontier::Frontier;
 use crate::store::{Store, WriterState};
 use crate::sums::binding;
 
@@ -64,6 +64,39 @@ struct Batch {
     hot: Vec<bool>,
 }
 
+/// The plan of a compaction (pure): the live records, sorted by place, packed from the start
+/// of chunk 0 with the append rule ([`Frontier::place`]); records that share their bytes move
+/// together. Returns the moves, the number of records already in place (or empty), and the
+/// frontier after the packed records; `Err(index)` names a record that would move *up* (its
+/// place overlaps another's: the table is corrupt, and moving it could destroy data).
+fn plan(
+    live: &[(u64, RecordLoc)],
+    capacity: u64,
+) -> std::result::Result<(Vec<Move>, u64, Frontier), u64> {
+    let mut moves = Vec::new();
+    let mut skipped = 0;
+    let mut packed = Frontier::new(0, 0, capacity);
+    let mut i = 0;
+    while i < live.len() {
+        let old = live[i].1;
+        let end = i + live[i..].iter().take_while(|(_, e)| same_bytes(e, &old)).count();
+        let size = u64::from(old.phys_length);
+        // Packing never needs more chunks than the records already use.
+        let dest = packed.place(size).ok_or(live[i].0)?;
+        let here = (u64::from(old.chunk_id), u64::from(old.offset));
+        if size == 0 || dest == here {
+            skipped += 1;
+        } else if dest > here {
+            return Err(live[i].0);
+        } else {
+            let indices = live[i..end].iter().map(|(idx, _)| *idx).collect();
+            moves.push(Move { indices, old, dest });
+        }
+        i = end;
+    }
+    Ok((moves, skipped, packed))
+}
+
 impl Store {
     /// Repacks the live records; see the module docs. Needs exclusive access.
     pub fn compact(&self) -> Result<CompactReport> {
@@ -81,56 +114,29 @@ impl Store {
             chunk_bytes_before: old_tail.0 * capacity + old_tail.1,
             ..Default::default()
         };
-        // Plan: pack in physical order from (0, 0), with the append rules for chunk ends.
-        let mut moves = Vec::new();
-        let (mut chunk, mut offset) = (0u64, 0u64);
-        let mut i = 0;
-        while i < live.len() {
-            let old = live[i].1;
-            let end = i + live[i..].iter().take_while(|(_, e)| same_bytes(e, &old)).count();
-            let size = u64::from(old.phys_length);
-            if offset + size > capacity {
-                (chunk, offset) = (chunk + 1, 0);
-            }
-            let here = (u64::from(old.chunk_id), u64::from(old.offset));
-            if size == 0 || (chunk, offset) == here {
-                report.skipped += 1;
-            } else {
-                if (chunk, offset) > here {
-                    return Err(Error::corrupt(
-                        &self.meta_path,
-                        format!("record {} would move up during compaction", live[i].0),
-                    ));
-                }
-                let indices = live[i..end].iter().map(|(idx, _)| *idx).collect();
-                moves.push(Move { indices, old, dest: (chunk, offset) });
-            }
-            offset += size;
-            if offset == capacity {
-                (chunk, offset) = (chunk + 1, 0);
-            }
-            i = end;
-        }
+        let (moves, skipped, packed) = plan(&live, capacity).map_err(|index| {
+            Error::corrupt(
+                &self.meta_path,
+                format!("record {index} would move up during compaction"),
+            )
+        })?;
+        report.skipped = skipped;
         report.moved = moves.len() as u64;
 
         let mut batch = Batch::default();
-        let mut stage = old_tail;
+        let staging_start = Frontier::new(old_tail.0, old_tail.1, capacity);
+        let mut stage = staging_start;
         for m in moves {
             let size = u64::from(m.old.phys_length);
             if !batch.moves.is_empty() && batch.bytes.len() as u64 + size > BATCH_BYTES {
                 self.move_batch(std::mem::take(&mut batch), &mut state)?;
-                stage = old_tail;
+                stage = staging_start;
             }
-            if stage.1 + size > capacity {
-                stage = (stage.0 + 1, 0);
-            }
-            if stage.0 >= MAX_CHUNKS {
-                return Err(Error::LimitExceeded {
-                    what: "chunk count (compaction staging)",
-                    limit: MAX_CHUNKS,
-                    requested: stage.0 + 1,
-                });
-            }
+            let place = stage.place(size).ok_or(Error::LimitExceeded {
+                what: "chunk count (compaction staging)",
+                limit: MAX_CHUNKS,
+                requested: stage.chunk + 1,
+            })?;
             // Read with pread, not through the map: pages a map has touched stay mapped, and
             // then they could not be dropped from the cache below.
             let chunk = self.chunks.get(u64::from(m.old.chunk_id))?;
@@ -138,19 +144,15 @@ impl Store {
             let at = batch.bytes.len();
             batch.bytes.resize(at + size as usize, 0);
             chunk.read_into(u64::from(m.old.offset), &mut batch.bytes[at..])?;
-            batch.moves.push((m, stage));
-            stage.1 += size;
-            if stage.1 == capacity {
-                stage = (stage.0 + 1, 0);
-            }
+            batch.moves.push((m, place));
         }
         if !batch.moves.is_empty() {
             self.move_batch(batch, &mut state)?;
         }
 
         self.failpoints.hit("compact:before-header").map_err(Error::internal)?;
-        state.tail_chunk = chunk;
-        state.tail_offset = offset;
+        let (chunk, offset) = packed.at();
+        (state.tail_chunk, state.tail_offset) = (chunk, offset);
         state.dirty_table = true;
         self.sync_locked(&mut state)?;
         // Only now that the header names the new frontier may the space past it go, including
@@ -309,4 +311,51 @@ impl Store {
 
 fn same_bytes(a: &RecordLoc, b: &RecordLoc) -> bool {
     (a.chunk_id, a.offset, a.phys_length) == (b.chunk_id, b.offset, b.phys_length)
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::plan;
+    use crate::format::RecordLoc;
+
+    fn at(index: u64, chunk: u16, offset: u32, len: u32) -> (u64, RecordLoc) {
+        let loc = RecordLoc {
+            offset,
+            phys_length: len,
+            logic_length: len,
+            chunk_id: chunk,
+            codec: 0,
+            reserved: 0,
+        };
+        (index, loc)
+    }
+
+    #[test]
+    fn packs_down_with_the_append_rule_and_skips_what_is_in_place() {
+        // Chunks of 10 bytes: [0,4) stays; the 6 bytes at 6 move down to 4 and fill chunk 0
+        // exactly, so chunk 1's record moves to chunk 1's start.
+        let live = [at(0, 0, 0, 4), at(3, 0, 6, 6), at(1, 1, 5, 3), at(2, 2, 0, 0)];
+        let (moves, skipped, end) = plan(&live, 10).unwrap();
+        let dests: Vec<(Vec<u64>, (u64, u64))> =
+            moves.iter().map(|m| (m.indices.clone(), m.dest)).collect();
+        assert_eq!(dests, [(vec![3], (0, 4)), (vec![1], (1, 0))]);
+        assert_eq!(skipped, 2, "record 0 is in place, record 2 is empty");
+        assert_eq!(end.at(), (1, 3));
+    }
+
+    #[test]
+    fn entries_sharing_bytes_move_together() {
+        let live = [at(5, 0, 8, 4), at(9, 0, 8, 4)];
+        let (moves, _, end) = plan(&live, 100).unwrap();
+        assert_eq!(moves.len(), 1);
+        assert_eq!((moves[0].indices.clone(), moves[0].dest), (vec![5, 9], (0, 0)));
+        assert_eq!(end.at(), (0, 4));
+    }
+
+    #[test]
+    fn overlapping_records_are_refused() {
+        // Record 7 starts inside record 6's bytes: packing would move it up.
+        let live = [at(6, 0, 0, 8), at(7, 0, 4, 8)];
+        assert_eq!(plan(&live, 100).err(), Some(7));
+    }
 }

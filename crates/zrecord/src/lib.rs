@@ -36,6 +36,7 @@ pub mod failpoint;
 mod files;
 mod fork;
 pub mod format;
+mod frontier;
 mod gather;
 mod integrity;
 mod mapped;
