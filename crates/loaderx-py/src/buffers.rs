@@ -3,7 +3,7 @@
 //! The caller keeps the `PyBuffer` alive for as long as the slice is used; while a buffer is
 //! exported its memory can be neither freed nor resized, so the slice stays valid even with the
 //! GIL released. Python code that writes the same memory from another thread at the same time
-//! races with us exactly as it would with any NumPy operation that releases the GIL.
+//! races with us exactly as it would with any `NumPy` operation that releases the GIL.
 
 use pyo3::buffer::{Element, PyBuffer};
 use pyo3::prelude::*;
@@ -37,7 +37,7 @@ pub fn slice_mut<'b, T: Element>(buf: &'b PyBuffer<T>, what: &str) -> PyResult<&
     // SAFETY: as in `slice`, plus the exporter reported the buffer writable. Callers copy every
     // other argument out of Python memory before taking this view, so no Rust reference aliases
     // it.
-    Ok(unsafe { std::slice::from_raw_parts_mut(buf.buf_ptr() as *mut T, buf.item_count()) })
+    Ok(unsafe { std::slice::from_raw_parts_mut(buf.buf_ptr().cast::<T>(), buf.item_count()) })
 }
 
 /// Whether two buffers' memory ranges intersect (then one may not be borrowed mutably while

@@ -1,7 +1,7 @@
 //! Leaving the interpreter while other threads are inside native calls.
 //!
 //! A thread that releases the interpreter for a native call takes it back when the call ends.
-//! If the interpreter began finalizing meanwhile, CPython (before 3.14) ends that thread with
+//! If the interpreter began finalizing meanwhile, `CPython` (before 3.14) ends that thread with
 //! `pthread_exit`, whose forced unwinding through Rust frames aborts the whole process
 //! ("FATAL: exception not rethrown"). So every call releases the interpreter through [`detach`],
 //! which counts the calls in flight, and `loaderx` registers [`begin_exit`] with `atexit`: it

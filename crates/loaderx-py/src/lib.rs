@@ -2,6 +2,12 @@
 //! releases the GIL around engine calls and maps errors; the engines are `zrecord` and
 //! `zsampler`, the user-facing API is the Python package.
 
+#![allow(
+    clippy::needless_pass_by_value,
+    reason = "pyo3 hands #[pyfunction] arguments over by value, and map_err callbacks take the \
+              error by value"
+)]
+
 use pyo3::prelude::*;
 
 #[cfg(feature = "bench")]

@@ -1,7 +1,7 @@
-//! `loaderx._native.Sampler`: the PyO3 face of the `zsampler` crate.
+//! `loaderx._native.Sampler`: the `PyO3` face of the `zsampler` crate.
 //!
 //! Conversion, error mapping and buffer handling only; every index comes from `zsampler`. A batch
-//! is written straight into a caller-supplied, writable, C-contiguous uint64 buffer (a NumPy array
+//! is written straight into a caller-supplied, writable, C-contiguous uint64 buffer (a `NumPy` array
 //! from `np.empty`), one native call per batch.
 //!
 //! Thread safety: the class is frozen and its only mutable state, the step, is an `AtomicU64`.

@@ -5,7 +5,7 @@
 //! records (sorted) read three ways into the same destination: `ceiling::copy_records` from an
 //! in-memory copy of the data (page-aligned, like a chunk), `Store::gather` and
 //! `Store::gather_fixed`. `DST_SHIFT` places the destination that many bytes past a page
-//! boundary (NumPy's large arrays sit 16 bytes in). Prints the median of 7 rounds for each.
+//! boundary (`NumPy`'s large arrays sit 16 bytes in). Prints the median of 7 rounds for each.
 
 use std::time::Instant;
 

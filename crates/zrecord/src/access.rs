@@ -5,8 +5,8 @@
 //! shared calls are refused while one runs). A counter with one high bit for "exclusive" does it
 //! without a lock on the read path.
 //!
-//! Across handles and processes: the first write (append, delete, compact, train_dict,
-//! enable_checksums) takes an advisory `flock` on `meta.zr`, held until the handle closes: one
+//! Across handles and processes: the first write (append, delete, compact, `train_dict`,
+//! `enable_checksums`) takes an advisory `flock` on `meta.zr`, held until the handle closes: one
 //! writer at a time, any number of readers. The lock is taken through a file description of its
 //! own, opened for the purpose, so two handles in one process, or a parent and a child that
 //! both opened it after a `fork`, exclude each other like two processes do. Before locking, the

@@ -186,14 +186,14 @@ impl Store {
                 }
             }
             let key = block.first().map_or(0, |r| r.index);
-            outputs.lock().unwrap_or_else(|e| e.into_inner()).push((key, out));
+            outputs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((key, out));
             Ok(())
         })?;
-        let mut outputs = outputs.into_inner().unwrap_or_else(|e| e.into_inner());
+        let mut outputs = outputs.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
         outputs.sort_by_key(|(key, _)| *key);
         // A record belongs to the last shard whose first index is not past it.
         let mut shard = 0;
-        for r in records.iter_mut() {
+        for r in &mut records {
             while shard + 1 < outputs.len() && outputs[shard + 1].0 <= r.index {
                 shard += 1;
             }

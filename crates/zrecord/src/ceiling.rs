@@ -47,14 +47,17 @@ pub fn pread_records(
                 if i >= offsets.len() {
                     return;
                 }
-                let mut out = slots[i].lock().unwrap_or_else(|e| e.into_inner());
+                let mut out = slots[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 if let Err(e) = file.read_exact_at(&mut out, offsets[i]) {
-                    failure.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e);
+                    failure
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .get_or_insert(e);
                 }
             });
         }
     });
-    match failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    match failure.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
         Some(e) => Err(e),
         None => Ok(()),
     }

@@ -129,7 +129,7 @@ impl Store {
         for m in moves {
             let size = u64::from(m.old.phys_length);
             if !batch.moves.is_empty() && batch.bytes.len() as u64 + size > BATCH_BYTES {
-                self.move_batch(std::mem::take(&mut batch), &mut state)?;
+                self.move_batch(&std::mem::take(&mut batch), &mut state)?;
                 stage = staging_start;
             }
             let place = stage.place(size).ok_or(Error::LimitExceeded {
@@ -147,7 +147,7 @@ impl Store {
             batch.moves.push((m, place));
         }
         if !batch.moves.is_empty() {
-            self.move_batch(batch, &mut state)?;
+            self.move_batch(&batch, &mut state)?;
         }
 
         self.failpoints.hit("compact:before-header").map_err(Error::internal)?;
@@ -175,7 +175,7 @@ impl Store {
     }
 
     /// Moves one batch through staging; see the module docs for the order of steps.
-    fn move_batch(&self, batch: Batch, state: &mut WriterState) -> Result<()> {
+    fn move_batch(&self, batch: &Batch, state: &mut WriterState) -> Result<()> {
         // Staging may reuse space an earlier batch's entries pointed at while it moved.
         self.epoch.bump_moves();
         let mut at = 0usize;
@@ -210,7 +210,7 @@ impl Store {
             self.failpoints.hit("compact:move").map_err(Error::internal)?;
         }
         self.repoint(&placed, batch.moves.iter().map(|(m, _)| (m, m.dest)))?;
-        self.drop_cold_copies(&batch);
+        self.drop_cold_copies(batch);
         Ok(())
     }
 

@@ -54,7 +54,7 @@ pub fn train(
             samples.as_ptr().cast(),
             sizes.as_ptr(),
             count,
-            &mut params,
+            &raw mut params,
         )
     };
     // SAFETY: ZDICT_isError only inspects the integer it is given.

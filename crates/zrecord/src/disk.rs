@@ -64,7 +64,7 @@ mod hooks {
 
     impl Hooks {
         fn journal(&self) -> std::sync::MutexGuard<'_, Journal> {
-            self.journal.lock().unwrap_or_else(|e| e.into_inner())
+            self.journal.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
         }
 
         /// Clears the journal and starts recording.

@@ -3,6 +3,8 @@
 //! `meta.zr` is a 16-byte [`Header`] followed by [`MAX_RECORDS`] [`RecordLoc`] entries, all
 //! little-endian and used in place over an mmap. Chunk files `N.zr` hold record bytes; `dict.zr`
 //! holds a raw zstd dictionary. This module only describes bytes; it performs no I/O.
+// Decoders of bytes from files: no panicking shortcuts (docs/FORMAT.md is the contract).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use bytemuck::{Pod, Zeroable};
 
@@ -237,6 +239,7 @@ const _: () = assert!(std::mem::size_of::<SumsHeader>() == SUMS_HEADER_BYTES as 
 const _: () = assert!(std::mem::size_of::<SumEntry>() == 16);
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests {
     use super::*;
 

@@ -32,7 +32,7 @@ impl Store {
     /// Decodes record `index` into `buf` (resized to it) and returns its table entry.
     fn decode_into(&self, index: u64, buf: &mut Vec<u8>, dec: &mut Decoder) -> Result<RecordLoc> {
         let loc = self.meta.entry(index);
-        buf.resize((loc.logic_length as u64).min(MAX_RECORD_BYTES) as usize, 0);
+        buf.resize(u64::from(loc.logic_length).min(MAX_RECORD_BYTES) as usize, 0);
         self.read_record(index, &loc, buf, dec)?;
         Ok(loc)
     }
@@ -107,13 +107,13 @@ impl Store {
                     }
                 }
             }
-            let mut r = found.lock().unwrap_or_else(|e| e.into_inner());
+            let mut r = found.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             r.checked += checked;
             r.unchecked += unchecked;
             r.failures.extend(failures);
             Ok(())
         })?;
-        let mut report = found.into_inner().unwrap_or_else(|e| e.into_inner());
+        let mut report = found.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
         report.failures.sort_by_key(|(i, _)| *i);
         Ok(report)
     }

@@ -6,6 +6,13 @@
 //! entries by value, [`EpochMap`] exposes its counters as atomics, [`ChunkMap`] yields byte
 //! slices only inside the file's known size.
 #![expect(unsafe_code, reason = "views of mmap'd files as typed atomics and slices")]
+#![expect(
+    clippy::cast_ptr_alignment,
+    reason = "maps start on a page boundary and every offset cast is a multiple of its type's \
+              alignment (format.rs asserts the layouts)"
+)]
+// Decoders of bytes from files: no panicking shortcuts (docs/FORMAT.md is the contract).
+#![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use std::fs::File;
 use std::ptr;
@@ -38,7 +45,7 @@ impl MetaMap {
         // SAFETY: the mapping is page aligned and at least 16 bytes long, so it holds four
         // aligned u32 words for its whole life (`self`); AtomicU32 has the layout of u32 and
         // atomics are the right way to share memory another thread or process may write.
-        unsafe { &*(self.map.as_ptr() as *const [AtomicU32; 4]) }
+        unsafe { &*self.map.as_ptr().cast::<[AtomicU32; 4]>() }
     }
 
     /// The header as it is now. `length` is read last, with `Acquire`.
@@ -82,7 +89,7 @@ impl MetaMap {
         // page-aligned map. The read is volatile because the bytes may be rewritten through the
         // file by this or another process; a torn read yields a wrong entry, which every user
         // bounds-checks, never undefined behaviour of the Rust abstract machine.
-        unsafe { ptr::read_volatile(self.map.as_ptr().add(at) as *const RecordLoc) }
+        unsafe { ptr::read_volatile(self.map.as_ptr().add(at).cast::<RecordLoc>()) }
     }
 
     /// `msync` of the header page.
@@ -110,7 +117,7 @@ impl EpochMap {
         // SAFETY: the map is page aligned and EPOCH_BYTES long, so `offset` (a multiple of 8
         // inside it, from the two callers below) is an aligned u64 for the map's whole life;
         // atomics are how memory that other processes write is read and written.
-        unsafe { &*(self.map.as_ptr().add(offset) as *const AtomicU64) }
+        unsafe { &*self.map.as_ptr().add(offset).cast::<AtomicU64>() }
     }
 
     /// The change counter (see docs/FORMAT.md, `gen.zr`).
@@ -143,7 +150,7 @@ impl SumsMap {
         // SAFETY: `at + 16 <= SUMS_BYTES`, the map's length, and `at` is 16-byte aligned in a
         // page-aligned map. Volatile, as for table entries: the file may be rewritten through
         // `pwrite`; a torn read yields an entry that fails its binding check, never UB.
-        unsafe { ptr::read_volatile(self.map.as_ptr().add(at) as *const SumEntry) }
+        unsafe { ptr::read_volatile(self.map.as_ptr().add(at).cast::<SumEntry>()) }
     }
 }
 
@@ -192,7 +199,7 @@ impl ChunkMap {
                     pages.as_mut_ptr(),
                 )
             };
-            if rc != 0 || pages[..n as usize].iter().any(|&p| p & 1 == 0) {
+            if rc != 0 || pages.iter().take(n as usize).any(|&p| p & 1 == 0) {
                 return false;
             }
             at += n * PAGE;
@@ -203,7 +210,7 @@ impl ChunkMap {
     /// `len` bytes at `offset`. The caller has checked `offset + len <= file size` and
     /// `<= capacity`; the assert guards the capacity against a caller bug.
     pub fn bytes(&self, offset: u64, len: usize) -> &[u8] {
-        let end = offset.checked_add(len as u64).expect("range overflow");
+        let end = offset.saturating_add(len as u64);
         assert!(end <= self.map.len() as u64, "chunk range past the mapping");
         // SAFETY: in bounds of the mapping (asserted) and, by the caller's check, of the file,
         // so every page is backed. Records below the published length are immutable while

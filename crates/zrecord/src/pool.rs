@@ -49,7 +49,7 @@ fn detect_threads() -> usize {
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|&n| n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get))
 }
 
 /// Number of threads batches are split across (1 means every call runs inline).
@@ -111,7 +111,7 @@ fn pool_in(
     match slot.compare_exchange(cur, fresh, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => leak_ref(fresh).pool.as_ref(),
         Err(winner) => {
-            drop(reclaim(fresh));
+            reclaim(fresh);
             let installed = leak_ref(winner);
             (installed.pid == pid).then_some(()).and(installed.pool.as_ref())
         }
@@ -149,10 +149,11 @@ fn leak_ref(p: *mut PoolSlot) -> &'static PoolSlot {
     unsafe { &*p }
 }
 
-fn reclaim(p: *mut PoolSlot) -> Box<PoolSlot> {
+/// Frees a slot that lost the install race.
+fn reclaim(p: *mut PoolSlot) {
     // SAFETY: `p` came from Box::into_raw in this call and lost the install race, so nothing
     // else can see it.
-    unsafe { Box::from_raw(p) }
+    drop(unsafe { Box::from_raw(p) });
 }
 
 /// Splits `items` into at most [`num_threads`] contiguous blocks and runs `work` on each, in
@@ -223,7 +224,7 @@ where
     let failure = std::sync::Mutex::new(None);
     let record = |r: Result<(), E>| {
         if let Err(e) = r {
-            failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+            failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(e);
         }
     };
     pool.in_place_scope(|scope| {
@@ -235,7 +236,7 @@ where
             record(work(block));
         }
     });
-    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+    match failure.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
         Some(e) => Err(e),
         None => Ok(()),
     }
@@ -253,13 +254,17 @@ mod tests {
             for n in [0usize, 1, 7, 100, 1001] {
                 let mut items = vec![0u32; n];
                 run_balanced(&mut items, n << 20, |b: &mut [u32]| -> Result<(), ()> {
-                    b.iter_mut().for_each(|x| *x += 1);
+                    for x in b.iter_mut() {
+                        *x += 1;
+                    }
                     Ok(())
                 })
                 .unwrap();
                 assert!(items.iter().all(|&x| x == 1), "{threads} threads, {n} items");
                 run_sharded(&mut items, n << 20, |b: &mut [u32]| -> Result<(), ()> {
-                    b.iter_mut().for_each(|x| *x += 1);
+                    for x in b.iter_mut() {
+                        *x += 1;
+                    }
                     Ok(())
                 })
                 .unwrap();

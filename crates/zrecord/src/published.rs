@@ -25,7 +25,7 @@ impl Atomic32 for AtomicU32 {
         AtomicU32::load(self, order)
     }
     fn store(&self, v: u32, order: Ordering) {
-        AtomicU32::store(self, v, order)
+        AtomicU32::store(self, v, order);
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 /// lock-free list), which is emptied when the table drops. Nothing here takes a lock, so a
 /// process forked while another thread was inside it can go on using it.
 pub struct Slots<T> {
-    slots: Box<[AtomicPtr<T>]>,
+    table: Box<[AtomicPtr<T>]>,
     graveyard: AtomicPtr<Grave<T>>,
     /// Owns `T`s and hands out `&T` across threads: Send needs `T: Send`, Sync `T: Send + Sync`.
     _owns: PhantomData<(Box<T>, std::sync::Mutex<T>)>,
@@ -28,12 +28,12 @@ impl<T> Slots<T> {
     /// `n` empty slots.
     pub fn new(n: usize) -> Self {
         let slots = (0..n).map(|_| AtomicPtr::new(ptr::null_mut())).collect();
-        Slots { slots, graveyard: AtomicPtr::new(ptr::null_mut()), _owns: PhantomData }
+        Slots { table: slots, graveyard: AtomicPtr::new(ptr::null_mut()), _owns: PhantomData }
     }
 
     /// The value in slot `i`, if set.
     pub fn get(&self, i: usize) -> Option<&T> {
-        let p = self.slots.get(i)?.load(Ordering::Acquire);
+        let p = self.table.get(i)?.load(Ordering::Acquire);
         // SAFETY: a non-null slot holds a pointer from Box::into_raw that is freed only when
         // the table drops (a cleared value goes to the graveyard), so it outlives `&self`.
         (!p.is_null()).then(|| unsafe { &*p })
@@ -43,7 +43,7 @@ impl<T> Slots<T> {
     /// that lost drops its own value, which nobody has seen).
     pub fn insert(&self, i: usize, value: T) -> &T {
         let fresh = Box::into_raw(Box::new(value));
-        match self.slots[i].compare_exchange(
+        match self.table[i].compare_exchange(
             ptr::null_mut(),
             fresh,
             Ordering::AcqRel,
@@ -65,11 +65,11 @@ impl<T> Slots<T> {
     /// Empties slot `i` if it still holds `expected` (or anything, when `expected` is None).
     /// The value stays alive, unreachable, until the table drops.
     pub fn clear(&self, i: usize, expected: Option<&T>) {
-        let Some(slot) = self.slots.get(i) else { return };
+        let Some(slot) = self.table.get(i) else { return };
         let old = match expected {
             None => slot.swap(ptr::null_mut(), Ordering::AcqRel),
             Some(e) => {
-                let e = e as *const T as *mut T;
+                let e = std::ptr::from_ref::<T>(e).cast_mut();
                 match slot.compare_exchange(e, ptr::null_mut(), Ordering::AcqRel, Ordering::Acquire)
                 {
                     Ok(p) => p,
@@ -96,7 +96,7 @@ impl<T> Slots<T> {
 
 impl<T> Drop for Slots<T> {
     fn drop(&mut self) {
-        for slot in self.slots.iter() {
+        for slot in &self.table {
             let p = slot.swap(ptr::null_mut(), Ordering::AcqRel);
             if !p.is_null() {
                 // SAFETY: with `&mut self` no borrow of a value is alive; each pointer came from

@@ -45,7 +45,7 @@ use crate::sums::Sums;
 const READ_ATTEMPTS: usize = 1000;
 
 /// How to open a store.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct Options {
     /// Codec of appends that do not name one.
     pub codec: Codec,
@@ -144,7 +144,7 @@ impl Store {
             }
             Ok(_) => {}
             Err(e) if e.kind() == ErrorKind::NotFound => {
-                std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?
+                std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
             }
             Err(e) => return Err(Error::io(&dir, e)),
         }
@@ -380,7 +380,7 @@ impl Store {
         if self.inherited() {
             return Err(inherited_handle());
         }
-        Ok(self.writer.lock().unwrap_or_else(|e| e.into_inner()))
+        Ok(self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
     /// Takes the writer lock for this handle if it does not hold it yet, then reads the writer

@@ -164,7 +164,7 @@ fn seeded_byte_flips_never_panic() {
             .unwrap();
         assert!(status.success());
         let chunk_len = std::fs::metadata(dir.path().join("0.zr")).unwrap().len();
-        for _ in 0..1 + rng.below(4) {
+        for _ in 0..=rng.below(4) {
             let (file, at) = match rng.below(3) {
                 0 => ("meta.zr", rng.below(16)),
                 1 => ("meta.zr", 16 + rng.below(20 * 16)),

@@ -20,7 +20,7 @@ fn store_with_records(dir: &Path, n: u64) -> Vec<Vec<u8>> {
     recs
 }
 
-fn assert_corrupt(e: Error, says: &str) {
+fn assert_corrupt(e: &Error, says: &str) {
     assert!(matches!(e, Error::Corrupt { ref detail, .. } if detail.contains(says)), "{e}");
 }
 
@@ -49,8 +49,8 @@ fn a_chunk_that_is_a_symlink_is_neither_read_nor_written() {
     symlink(&outside, dir.join("0.zr")).unwrap();
     let store = open(&dir, Codec::Zstd);
     let mut dst = vec![0u8; 4096];
-    assert_corrupt(store.gather(&[0], &mut dst, &[0]).unwrap_err(), "symbolic link");
-    assert_corrupt(store.append(b"more", &[0], None).unwrap_err(), "symbolic link");
+    assert_corrupt(&store.gather(&[0], &mut dst, &[0]).unwrap_err(), "symbolic link");
+    assert_corrupt(&store.append(b"more", &[0], None).unwrap_err(), "symbolic link");
     store.delete(&[1]).unwrap();
     assert!(matches!(store.compact().unwrap_err(), Error::Corrupt { .. }));
     drop(store);
@@ -84,7 +84,7 @@ fn fifos_in_place_of_store_files_are_refused_at_once() {
         let _ = std::fs::remove_file(dir.join(name));
         mkfifo(&dir.join(name));
         let e = within_a_minute(move || Store::open(&dir, Options::default()).err());
-        assert_corrupt(e.expect("opened"), "FIFO");
+        assert_corrupt(&e.expect("opened"), "FIFO");
     }
     let dir = root.path().join("chunk");
     store_with_records(&dir, 3);
@@ -95,7 +95,7 @@ fn fifos_in_place_of_store_files_are_refused_at_once() {
         let mut dst = vec![0u8; 4096];
         store.gather(&[0], &mut dst, &[0]).unwrap_err()
     });
-    assert_corrupt(e, "FIFO");
+    assert_corrupt(&e, "FIFO");
 }
 
 #[test]
@@ -105,14 +105,14 @@ fn a_dictionary_file_is_never_followed_or_read_past_its_limit() {
     store_with_records(&dir, 3);
     symlink("/dev/zero", dir.join("dict.zr")).unwrap();
     let e = within_a_minute(move || Store::open(&dir, Options::default()).err());
-    assert_corrupt(e.expect("opened"), "symbolic link");
+    assert_corrupt(&e.expect("opened"), "symbolic link");
 
     let dir = root.path().join("huge");
     store_with_records(&dir, 3);
     let f = std::fs::File::create(dir.join("dict.zr")).unwrap();
     f.set_len(MAX_DICT_BYTES + 1).unwrap(); // sparse: nothing is written
     let e = Store::open(&dir, Options::default()).err().expect("opened");
-    assert_corrupt(e, "limit");
+    assert_corrupt(&e, "limit");
 
     let store = open(&root.path().join("train"), Codec::Zstd);
     let samples = vec![7u8; 4096];
@@ -135,7 +135,7 @@ fn a_header_length_past_the_written_records_is_refused_at_open() {
     for phantom in [300, 5_000, 5_000_000] {
         patch(phantom);
         let e = Store::open(&dir, Options::default()).err().expect("opened");
-        assert_corrupt(e, "never written");
+        assert_corrupt(&e, "never written");
     }
     patch(10);
     assert_eq!(open(&dir, Codec::Zstd).len(), 10);
@@ -160,5 +160,5 @@ fn a_meta_file_that_is_a_symlink_is_refused() {
     std::fs::create_dir(&dir).unwrap();
     symlink(real.join("meta.zr"), dir.join("meta.zr")).unwrap();
     let e = Store::open(&dir, Options::default()).err().expect("opened");
-    assert_corrupt(e, "symbolic link");
+    assert_corrupt(&e, "symbolic link");
 }

@@ -6,7 +6,7 @@ mod common;
 use std::os::unix::fs::FileExt;
 
 use common::*;
-use zrecord::{Codec, Error, Store};
+use zrecord::{Codec, Error, Options, Store};
 
 fn patch(path: &std::path::Path, at: u64, f: impl Fn(u8) -> u8) {
     let file = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
@@ -159,7 +159,7 @@ fn a_damaged_checksum_file_is_refused_clearly() {
         mixed(&store);
     }
     patch(&dir.path().join("sums.zr"), 0, |_| b'X');
-    let e = Store::open(dir.path(), Default::default()).err().expect("opened");
+    let e = Store::open(dir.path(), Options::default()).err().expect("opened");
     assert!(matches!(&e, Error::Corrupt { .. }) && e.to_string().contains("sums.zr"), "{e}");
     std::fs::OpenOptions::new()
         .write(true)
@@ -167,6 +167,6 @@ fn a_damaged_checksum_file_is_refused_clearly() {
         .unwrap()
         .set_len(100)
         .unwrap();
-    let e = Store::open(dir.path(), Default::default()).err().expect("opened");
+    let e = Store::open(dir.path(), Options::default()).err().expect("opened");
     assert!(e.to_string().contains("sums.zr"), "{e}");
 }

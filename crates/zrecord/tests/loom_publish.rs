@@ -19,7 +19,7 @@ impl Atomic32 for LoomU32 {
         self.0.load(order)
     }
     fn store(&self, v: u32, order: Ordering) {
-        self.0.store(v, order)
+        self.0.store(v, order);
     }
 }
 

@@ -21,9 +21,10 @@ const RANDOM_FATES: u64 = 5;
 
 /// Scratch space on tmpfs when there is one: each cut writes and syncs a whole store.
 fn scratch() -> tempfile::TempDir {
-    match Path::new("/dev/shm").is_dir() {
-        true => tempfile::tempdir_in("/dev/shm").unwrap(),
-        false => tempfile::tempdir().unwrap(),
+    if Path::new("/dev/shm").is_dir() {
+        tempfile::tempdir_in("/dev/shm").unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
     }
 }
 

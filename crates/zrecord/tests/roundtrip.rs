@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use zrecord::{Codec, Error, Store};
+use zrecord::{Codec, Error, Options, Store};
 
 const SIZES: &[usize] = &[0, 1, 2, 3, 15, 16, 17, 255, 4096, 12 * 1024, 65_537, 1 << 20];
 
@@ -16,7 +16,7 @@ fn round_trip(codec: Codec) {
         if codec == Codec::ZstdDict {
             let samples: Vec<Vec<u8>> = (0..200).map(|i| record(1000 + i, 2048)).collect();
             let (buf, _) = pack(&samples);
-            let sizes: Vec<usize> = samples.iter().map(|s| s.len()).collect();
+            let sizes: Vec<usize> = samples.iter().map(std::vec::Vec::len).collect();
             let n = store.train_dict(&buf, &sizes, 4096).unwrap();
             assert!(n > 0 && n <= 4096);
         }
@@ -152,7 +152,7 @@ fn open_creates_missing_directories_and_refuses_files() {
     assert_eq!(std::fs::metadata(nested.join("meta.zr")).unwrap().len(), 16 + (1 << 24) * 16);
     let file = dir.path().join("plain");
     std::fs::write(&file, b"x").unwrap();
-    let e = Store::open(&file, Default::default()).err().unwrap();
+    let e = Store::open(&file, Options::default()).err().unwrap();
     assert!(matches!(e, Error::Io { .. }), "{e}");
 }
 

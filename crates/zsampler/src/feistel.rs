@@ -31,7 +31,7 @@
 //! * `k > 32` (wide): `F_r(v) = ((v ^ x_r) * m_r mod 2^64) >> (64 - w)`, multiply-shift hashing
 //!   with the full 64-bit keys (inputs have at least 16 bits there).
 //!
-//! The round keys are `x_r = s_{2r}` and `m_r = s_{2r+1} | 1` for the SplitMix64 stream `s` of
+//! The round keys are `x_r = s_{2r}` and `m_r = s_{2r+1} | 1` for the `SplitMix64` stream `s` of
 //! [`crate::mix::stream`] started at the cycle key `derive(mix64(seed ^ SALT_CYCLIC), cycle)`.
 //!
 //! Why [`ROUNDS`] = 6 and not the textbook four: the Luby-Rackoff bounds speak of far fewer
@@ -278,6 +278,7 @@ impl Permutation {
 /// [`Permutation::fill`] for `k <= 32`. `LANES` is the number of 16-bit lanes of the vectors it is
 /// compiled for: the walk passes round their list up to a multiple of it.
 #[inline(always)]
+#[expect(clippy::many_single_char_names, reason = "the cipher's usual notation")]
 fn fill_narrow_in<const LANES: usize>(p: &Permutation, q0: u64, out: &mut [u64]) {
     let keys = p.narrow_keys();
     let wb = p.wb;
@@ -286,7 +287,7 @@ fn fill_narrow_in<const LANES: usize>(p: &Permutation, q0: u64, out: &mut [u64])
     // lies outside [0, n) when its pair compares above that of n - 1.
     let last = p.length - 1;
     let (last_hi, last_lo) = ((last >> wb) as u16, (last as u16) & mask_b);
-    let outside = |h: u16, l: u16| (h > last_hi) | ((h == last_hi) & (l > last_lo));
+    let outside = |h: u16, l: u16| (h > last_hi) || (h == last_hi) && (l > last_lo);
     let mut q = q0;
     // The halves of each result, kept apart so the rounds run in 16-bit lanes, their
     // out-of-range flags, and the walk list: positions and halves of the pending entries.

@@ -2,7 +2,7 @@
 //!
 //! # Construction
 //!
-//! A batch key `K = derive(mix64(seed ^ SALT_IID), step)` starts a SplitMix64 stream
+//! A batch key `K = derive(mix64(seed ^ SALT_IID), step)` starts a `SplitMix64` stream
 //! `s_i = mix64(K + (i + 1) * GOLDEN)`; nothing is replayed, any batch is computed directly.
 //!
 //! * `n <= 2^32` (the "narrow" path): each 64-bit word serves two indices. Entry `j` of the batch

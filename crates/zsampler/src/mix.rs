@@ -1,11 +1,11 @@
 //! The one mixing primitive every mode's keys and draws are built from.
 //!
-//! Everything the sampler derives goes through [`mix64`], the SplitMix64 output function (a
+//! Everything the sampler derives goes through [`mix64`], the `SplitMix64` output function (a
 //! bijection on `u64`), so the sequences depend on nothing but these constants and that function.
 //! Changing any constant here changes the published sequences: the known-answer vectors in
 //! `tests/sampler_vectors.json` freeze them.
 
-/// The SplitMix64 stream increment: 2^64 / golden ratio, rounded to odd.
+/// The `SplitMix64` stream increment: 2^64 / golden ratio, rounded to odd.
 pub const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// Domain separation for the per-mode seed key, so IID and cyclic never share a key stream.
@@ -18,7 +18,7 @@ pub const SALT_COUNTER: u64 = 0x3C6E_F372_FE94_F82B;
 /// Domain separation for the rejection redraw stream of an IID batch.
 pub const SALT_REJECT: u64 = 0xA54F_F53A_5F1D_36F1;
 
-/// The SplitMix64 output function: a bijective 64-bit mixer with full avalanche.
+/// The `SplitMix64` output function: a bijective 64-bit mixer with full avalanche.
 #[inline(always)]
 pub const fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -35,7 +35,7 @@ pub const fn derive(key: u64, counter: u64) -> u64 {
     mix64(key ^ mix64(counter.wrapping_add(SALT_COUNTER)))
 }
 
-/// Element `i` of the SplitMix64 stream that starts at state `state`.
+/// Element `i` of the `SplitMix64` stream that starts at state `state`.
 #[inline(always)]
 pub const fn stream(state: u64, i: u64) -> u64 {
     mix64(state.wrapping_add(i.wrapping_add(1).wrapping_mul(GOLDEN)))

@@ -48,7 +48,7 @@ fn bijection_small_lengths_exhaustive() {
 
 #[test]
 fn bijection_primes_and_powers_of_two() {
-    for &n in PRIMES.iter() {
+    for &n in &PRIMES {
         check_bijection(n, 42, 0);
         check_bijection(n, 42, 1);
     }
@@ -97,6 +97,7 @@ proptest! {
     #[test]
     fn cyclic_cycle_is_disjoint(n in 1u64..5000, bs_frac in 0.0f64..1.0, seed in any::<u64>(),
                                 cycle in 0u64..1000) {
+        #[expect(clippy::cast_sign_loss, reason = "bs_frac is in [0, 1)")]
         let bs = ((n as f64 * bs_frac) as u64).clamp(1, n);
         let s = Sampler::new(n, bs, Mode::Cyclic, seed).unwrap();
         let per_cycle = s.batches_per_cycle().unwrap();

@@ -20,7 +20,7 @@ const CASES: &[Case] = &[
         length: 9223372036854775807,
         batch_size: 3,
         mode: Mode::Sequential,
-        seed: -1i64 as u64,
+        seed: u64::MAX, // the seed -1 as the Python API passes it
         batches: &[
             (0, &[0, 1, 2]),
             (1, &[3, 4, 5]),
@@ -65,7 +65,7 @@ const CASES: &[Case] = &[
         length: 9223372036854775807,
         batch_size: 4,
         mode: Mode::Iid,
-        seed: -123456789i64 as u64,
+        seed: (-123456789i64).cast_unsigned(),
         batches: &[
             (
                 0,
@@ -131,7 +131,7 @@ const CASES: &[Case] = &[
         length: 1000,
         batch_size: 10,
         mode: Mode::Cyclic,
-        seed: -1i64 as u64,
+        seed: u64::MAX, // the seed -1 as the Python API passes it
         batches: &[
             (0, &[374, 654, 107, 521, 28, 571, 23, 762, 126, 393]),
             (1, &[733, 367, 985, 318, 581, 672, 554, 79, 824, 625]),

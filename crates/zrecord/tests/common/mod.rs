@@ -4,7 +4,7 @@
 
 use zrecord::{Codec, Options, Store};
 
-/// A small deterministic generator (SplitMix64), so tests need no RNG crate.
+/// A small deterministic generator (`SplitMix64`), so tests need no RNG crate.
 pub struct Rng(pub u64);
 
 impl Rng {

@@ -211,8 +211,7 @@ impl World {
         for name in all {
             let (durable, current) = (self.durable_names.get(name), self.names.get(name));
             let id = match (fate, durable == current) {
-                (_, true) => durable,
-                (Fate::AllLost, false) => durable,
+                (_, true) | (Fate::AllLost, false) => durable,
                 (Fate::AllKept, false) => current,
                 (Fate::Random(_), false) => {
                     if coin(50) {
@@ -233,7 +232,7 @@ impl World {
                         match change {
                             Pending::SetLen(len) => {
                                 if coin(50) {
-                                    image.set_len(*len)
+                                    image.set_len(*len);
                                 }
                             }
                             Pending::Write(offset, data) => {
