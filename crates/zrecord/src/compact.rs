@@ -64,37 +64,51 @@ struct Batch {
     hot: Vec<bool>,
 }
 
-/// The plan of a compaction (pure): the live records, sorted by place, packed from the start
-/// of chunk 0 with the append rule ([`Frontier::place`]); records that share their bytes move
-/// together. Returns the moves, the number of records already in place (or empty), and the
-/// frontier after the packed records; `Err(index)` names a record that would move *up* (its
-/// place overlaps another's: the table is corrupt, and moving it could destroy data).
-fn plan(
-    live: &[(u64, RecordLoc)],
-    capacity: u64,
-) -> std::result::Result<(Vec<Move>, u64, Frontier), u64> {
-    let mut moves = Vec::new();
-    let mut skipped = 0;
-    let mut packed = Frontier::new(0, 0, capacity);
+/// The plan of a compaction (pure).
+struct Plan {
+    /// Records whose bytes move down to their packed place.
+    moves: Vec<Move>,
+    /// Empty records whose entries only take their packed place (no bytes move): left where
+    /// they were, they could lie past the new frontier, where no entry may point.
+    relabels: Vec<Move>,
+    /// Records already in place.
+    skipped: u64,
+    /// The frontier after the packed records.
+    end: Frontier,
+}
+
+/// Plans a compaction: the live records, sorted by place, packed from the start of chunk 0
+/// with the append rule ([`Frontier::place`]); records that share their bytes move together.
+/// `Err(index)` names a record that would move *up* (its place overlaps another's: the table is
+/// corrupt, and moving it could destroy data).
+fn plan(live: &[(u64, RecordLoc)], capacity: u64) -> std::result::Result<Plan, u64> {
+    let mut plan = Plan {
+        moves: Vec::new(),
+        relabels: Vec::new(),
+        skipped: 0,
+        end: Frontier::new(0, 0, capacity),
+    };
     let mut i = 0;
     while i < live.len() {
         let old = live[i].1;
         let end = i + live[i..].iter().take_while(|(_, e)| same_bytes(e, &old)).count();
         let size = u64::from(old.phys_length);
         // Packing never needs more chunks than the records already use.
-        let dest = packed.place(size).ok_or(live[i].0)?;
+        let dest = plan.end.place(size).ok_or(live[i].0)?;
         let here = (u64::from(old.chunk_id), u64::from(old.offset));
-        if size == 0 || dest == here {
-            skipped += 1;
+        let indices = || live[i..end].iter().map(|(idx, _)| *idx).collect();
+        if dest == here {
+            plan.skipped += 1;
         } else if dest > here {
             return Err(live[i].0);
+        } else if size == 0 {
+            plan.relabels.push(Move { indices: indices(), old, dest });
         } else {
-            let indices = live[i..end].iter().map(|(idx, _)| *idx).collect();
-            moves.push(Move { indices, old, dest });
+            plan.moves.push(Move { indices: indices(), old, dest });
         }
         i = end;
     }
-    Ok((moves, skipped, packed))
+    Ok(plan)
 }
 
 impl Store {
@@ -114,12 +128,13 @@ impl Store {
             chunk_bytes_before: old_tail.0 * capacity + old_tail.1,
             ..Default::default()
         };
-        let (moves, skipped, packed) = plan(&live, capacity).map_err(|index| {
-            Error::corrupt(
-                &self.meta_path,
-                format!("record {index} would move up during compaction"),
-            )
-        })?;
+        let Plan { moves, relabels, skipped, end: packed } =
+            plan(&live, capacity).map_err(|index| {
+                Error::corrupt(
+                    &self.meta_path,
+                    format!("record {index} would move up during compaction"),
+                )
+            })?;
         report.skipped = skipped;
         report.moved = moves.len() as u64;
 
@@ -150,6 +165,9 @@ impl Store {
             self.move_batch(&batch, &mut state)?;
         }
 
+        // Empty records take their packed place before the frontier moves below their old one
+        // (their new place is below both frontiers, so either header finds them in the data).
+        self.repoint(&BTreeSet::new(), relabels.iter().map(|m| (m, m.dest)))?;
         self.failpoints.hit("compact:before-header").map_err(Error::internal)?;
         let (chunk, offset) = packed.at();
         (state.tail_chunk, state.tail_offset) = (chunk, offset);
@@ -335,21 +353,25 @@ mod plan_tests {
         // Chunks of 10 bytes: [0,4) stays; the 6 bytes at 6 move down to 4 and fill chunk 0
         // exactly, so chunk 1's record moves to chunk 1's start.
         let live = [at(0, 0, 0, 4), at(3, 0, 6, 6), at(1, 1, 5, 3), at(2, 2, 0, 0)];
-        let (moves, skipped, end) = plan(&live, 10).unwrap();
+        let p = plan(&live, 10).unwrap();
         let dests: Vec<(Vec<u64>, (u64, u64))> =
-            moves.iter().map(|m| (m.indices.clone(), m.dest)).collect();
+            p.moves.iter().map(|m| (m.indices.clone(), m.dest)).collect();
         assert_eq!(dests, [(vec![3], (0, 4)), (vec![1], (1, 0))]);
-        assert_eq!(skipped, 2, "record 0 is in place, record 2 is empty");
-        assert_eq!(end.at(), (1, 3));
+        assert_eq!(p.skipped, 1, "record 0 is in place");
+        // The empty record would lie past the new frontier: its entry follows the packing.
+        let relabels: Vec<(Vec<u64>, (u64, u64))> =
+            p.relabels.iter().map(|m| (m.indices.clone(), m.dest)).collect();
+        assert_eq!(relabels, [(vec![2], (1, 3))]);
+        assert_eq!(p.end.at(), (1, 3));
     }
 
     #[test]
     fn entries_sharing_bytes_move_together() {
         let live = [at(5, 0, 8, 4), at(9, 0, 8, 4)];
-        let (moves, _, end) = plan(&live, 100).unwrap();
-        assert_eq!(moves.len(), 1);
-        assert_eq!((moves[0].indices.clone(), moves[0].dest), (vec![5, 9], (0, 0)));
-        assert_eq!(end.at(), (0, 4));
+        let p = plan(&live, 100).unwrap();
+        assert_eq!(p.moves.len(), 1);
+        assert_eq!((p.moves[0].indices.clone(), p.moves[0].dest), (vec![5, 9], (0, 0)));
+        assert_eq!(p.end.at(), (0, 4));
     }
 
     #[test]

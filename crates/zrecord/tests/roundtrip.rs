@@ -204,3 +204,25 @@ fn fixed_stride_gather_matches_records_and_checks_lengths() {
         assert!(dst.iter().all(|&b| b == 5));
     }
 }
+
+/// Empty records sitting past the data compaction packs away must follow the packing: left at
+/// their old place they lay past the new frontier and the store no longer opened (found by the
+/// list model, crates/zrecord/tests/model.rs).
+#[test]
+fn compaction_moves_empty_records_below_the_new_frontier() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Codec::Raw);
+    let src = vec![7u8; 693];
+    // Record 1 holds 693 bytes; records 2..8 are empty and sit at offset 693.
+    let offsets = [0u64, 0, 693, 693, 693, 693, 693, 693];
+    store.append(&src, &offsets, None).unwrap();
+    store.delete(&[1]).unwrap();
+    store.compact().unwrap();
+    store.sync().unwrap();
+    drop(store);
+    let store = open(dir.path(), Codec::Raw);
+    assert_eq!(store.len(), 7);
+    assert!(store.lengths(&(0..7).collect::<Vec<_>>()).unwrap().iter().all(|&n| n == 0));
+    let report = store.verify().unwrap();
+    assert!(report.failures.is_empty());
+}
