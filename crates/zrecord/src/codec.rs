@@ -170,16 +170,13 @@ impl<'d> Decoder<'d> {
     }
 }
 
-/// Copies a raw record. `memcpy` copies large blocks with `rep movsb`, which this project's CI
-/// CPU (AMD Zen 4) runs up to 3.5x slower when the destination sits 1 to 31 bytes past the
-/// source within a 64-byte line -- a common case here: records sit page-aligned in a chunk,
-/// while `NumPy`'s arrays start at any multiple of 16 bytes. Such copies go in 256-byte blocks
-/// instead (its vector path), which is as fast whatever the alignment; the opaque use of each
-/// block keeps the optimizer from fusing the loop back into one `memcpy`. Measured
-/// single-threaded, 256 random 12 KiB records, by distance: `memcpy` 330-350 us at 0 and 32-63,
-/// 390-440 us at 16-31, 1160-1210 us at 4-12; the block loop 350-390 us at every distance.
-/// Below 2 KiB `memcpy` uses its own vector path (3 KiB records at distance 8 already take
-/// 1.7x longer with it).
+/// Copies a raw record. `memcpy` copies large blocks with `rep movsb`, which some CPUs run
+/// several times slower when the destination sits 1 to 31 bytes past the source within a
+/// 64-byte line -- a common case here: records sit page-aligned in a chunk, while `NumPy`'s
+/// arrays start at any multiple of 16 bytes. Such copies go in 256-byte blocks instead, as fast
+/// whatever the alignment; the opaque use of each block keeps the optimizer from fusing the
+/// loop back into one `memcpy`. Small records keep `memcpy` (its vector path). The
+/// measurements behind the rule and its thresholds: README.md, "Benchmarks" (the copy routine).
 #[inline]
 pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
     debug_assert_eq!(dst.len(), src.len());

@@ -4,8 +4,8 @@
 //! empty inline function.
 //!
 //! Points: `append:before-data`, `append:before-table`, `append:before-publish`,
-//! `compact:move` (once per record moved), `compact:before-header`, `delete:swapped` (once per
-//! record deleted).
+//! `compact:staged` (once per batch), `compact:move` (once per record moved),
+//! `compact:before-header`, `delete:swapped` (once per record deleted), `sync:before-header`.
 
 /// What a failpoint does when hit.
 #[derive(Clone, Debug)]

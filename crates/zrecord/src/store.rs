@@ -691,7 +691,7 @@ fn check_last_entry(
     Err(Error::corrupt(
         path,
         format!(
-            "the header counts {} records but entry {last} was never written by a store              writer{}",
+            "the header counts {} records but entry {last} was never written by a store writer{}",
             h.length,
             if on_data { " (its location lies outside the data)" } else { "" }
         ),
