@@ -53,16 +53,23 @@ impl Store {
         record_len: usize,
         max_shards: usize,
     ) -> Result<()> {
+        self.gather_fixed_at(indices, None, dst, record_len, max_shards)
+    }
+
+    /// [`Store::gather_fixed`] into chosen rows: record `indices[i]` goes to row `rows[i]` of
+    /// `dst` (rows of `record_len` bytes; `rows` strictly increasing, inside `dst`), other rows
+    /// are left alone. A batch that spans several stores is gathered this way, one store's
+    /// records at a time, straight into the one batch array. `rows: None` is `0, 1, 2, ...`.
+    pub fn gather_fixed_at(
+        &self,
+        indices: &[u64],
+        rows: Option<&[u64]>,
+        dst: &mut [u8],
+        record_len: usize,
+        max_shards: usize,
+    ) -> Result<()> {
         let _guard = self.activity.shared("gather")?;
-        let want = indices.len().checked_mul(record_len);
-        if want != Some(dst.len()) {
-            return Err(Error::invalid(format!(
-                "destination holds {} bytes, {} records of {record_len} bytes need {}",
-                dst.len(),
-                indices.len(),
-                want.map_or_else(|| "more than fits in memory".to_string(), |n| n.to_string())
-            )));
-        }
+        let dst_rows = check_rows(indices.len(), rows, dst.len(), record_len)?;
         self.consistent_read(|| {
             let locs = self.entries(indices)?;
             if let Some((&index, loc)) =
@@ -80,11 +87,19 @@ impl Store {
             if record_len == 0 {
                 return Ok(());
             }
+            let mut wanted = rows.map(|r| r.iter().copied().peekable());
             let mut slots: Vec<Slot<'_>> = dst
                 .chunks_exact_mut(record_len)
+                .enumerate()
+                .filter(|&(row, _)| match wanted.as_mut() {
+                    None => true,
+                    Some(w) => w.next_if_eq(&(row as u64)).is_some(),
+                })
+                .map(|(_, d)| d)
                 .zip(indices.iter().zip(locs))
                 .map(|(dst, (&index, loc))| Slot { index, loc, dst })
                 .collect();
+            debug_assert_eq!(slots.len(), dst_rows);
             self.read_slots(&mut slots, max_shards)
         })
     }
@@ -205,6 +220,42 @@ pub(crate) fn for_record(e: Error, index: u64) -> Error {
         }
         other => other,
     }
+}
+
+/// Checks a fixed-stride destination: without `rows`, exactly one `record_len` row per index;
+/// with them, one strictly increasing row per index inside `dst`. Returns the rows to fill.
+fn check_rows(
+    count: usize,
+    rows: Option<&[u64]>,
+    dst_len: usize,
+    record_len: usize,
+) -> Result<usize> {
+    let Some(rows) = rows else {
+        let want = count.checked_mul(record_len);
+        if want != Some(dst_len) {
+            return Err(Error::invalid(format!(
+                "destination holds {dst_len} bytes, {count} records of {record_len} bytes need {}",
+                want.map_or_else(|| "more than fits in memory".to_string(), |n| n.to_string())
+            )));
+        }
+        return Ok(count);
+    };
+    let dst_rows = dst_len.checked_div(record_len).map_or(u64::MAX, |n| n as u64);
+    if rows.len() != count {
+        return Err(Error::invalid(format!("{count} indices but {} destination rows", rows.len())));
+    }
+    if record_len != 0 && dst_len % record_len != 0 {
+        return Err(Error::invalid(format!(
+            "destination holds {dst_len} bytes, not a whole number of {record_len}-byte rows"
+        )));
+    }
+    let increasing = rows.windows(2).all(|w| matches!(w, [a, b] if a < b));
+    if !increasing || rows.last().is_some_and(|&r| r >= dst_rows) {
+        return Err(Error::invalid(format!(
+            "destination rows must be strictly increasing and below {dst_rows}"
+        )));
+    }
+    Ok(count)
 }
 
 /// Cuts `dst` into one disjoint mutable slice per record, refusing ranges that overflow `dst` or

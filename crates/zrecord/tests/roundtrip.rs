@@ -226,3 +226,32 @@ fn compaction_moves_empty_records_below_the_new_frontier() {
     let report = store.verify().unwrap();
     assert!(report.failures.is_empty());
 }
+
+/// The fixed-stride gather into chosen rows fills exactly those rows, and refuses rows that
+/// are not strictly increasing or fall outside the destination without writing anything.
+#[test]
+fn fixed_stride_gather_into_chosen_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Codec::Zstd);
+    let recs: Vec<Vec<u8>> = (0..40).map(|t| record(t, 1000)).collect();
+    let (buf, off) = pack(&recs);
+    store.append(&buf, &off, None).unwrap();
+    let mut dst = vec![9u8; 6 * 1000];
+    store.gather_fixed_at(&[31, 2, 17], Some(&[0, 3, 5]), &mut dst, 1000, usize::MAX).unwrap();
+    for (row, want) in dst.chunks_exact(1000).enumerate() {
+        match row {
+            0 => assert_eq!(want, &recs[31][..]),
+            3 => assert_eq!(want, &recs[2][..]),
+            5 => assert_eq!(want, &recs[17][..]),
+            _ => assert!(want.iter().all(|&b| b == 9), "row {row} untouched"),
+        }
+    }
+    let mut dst = vec![9u8; 6 * 1000];
+    for rows in [&[3u64, 3][..], &[4, 1], &[0, 6], &[0]] {
+        let e = store.gather_fixed_at(&[1, 2], Some(rows), &mut dst, 1000, 1).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{rows:?}: {e}");
+    }
+    let e = store.gather_fixed_at(&[1], Some(&[0]), &mut dst[..5500], 1000, 1).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(dst.iter().all(|&b| b == 9));
+}
