@@ -244,7 +244,7 @@ fn check_rows(
     if rows.len() != count {
         return Err(Error::invalid(format!("{count} indices but {} destination rows", rows.len())));
     }
-    if record_len != 0 && dst_len % record_len != 0 {
+    if !dst_len.is_multiple_of(record_len) {
         return Err(Error::invalid(format!(
             "destination holds {dst_len} bytes, not a whole number of {record_len}-byte rows"
         )));
