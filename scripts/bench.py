@@ -68,7 +68,8 @@ def machine_block() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("layer", nargs="?", default="all", choices=[*LAYERS, "all"])
     parser.add_argument("--repeats", type=int, default=None, help="runs per figure (median)")
     parser.add_argument("--warm-only", action="store_true",

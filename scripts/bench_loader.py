@@ -11,9 +11,9 @@ Workload: 20000 records of 12 KiB (the store benchmark's data) plus int64 labels
 * loaderx, finite pass -- ``loader.epoch()``, every record once in index order (its own worker
   threads, started inside the timing);
 * loaderx, in process -- ``num_workers=0``: each batch built on the consumer's thread;
-* torch -- ``torch.utils.data.DataLoader`` over a map-style dataset on the ``np.load(mmap_mode='r')``
-  arrays, 4 worker processes, ``persistent_workers=True``, shuffled, batches of 256; the better of
-  per-item fetching and batched ``__getitems__`` fetching;
+* torch -- ``torch.utils.data.DataLoader`` over a map-style dataset on the
+  ``np.load(mmap_mode='r')`` arrays, 4 worker processes, ``persistent_workers=True``, shuffled,
+  batches of 256; the better of per-item fetching and batched ``__getitems__`` fetching;
 * grain -- ``grain.python.DataLoader`` over the same arrays, 4 worker processes;
 * augment -- a CPU-heavy Python transform (a per-sample Python loop) on loaderx and torch.
 
@@ -192,12 +192,12 @@ def torch_run(root: pathlib.Path, batches: int, batched: bool, transform=None):
         loader = DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=WORKERS,
                             persistent_workers=True)
 
-    def endless():
+    def endless(loader):
         while True:
             yield from loader
 
     try:
-        return time_iter(endless(), batches)
+        return time_iter(endless(loader), batches)
     finally:
         del loader
 
@@ -305,7 +305,7 @@ def main(repeats: int = 5) -> None:
                 lambda: loaderx_run(root, "raw", fast, recycle=False), fast)
         torch_note = ""
         try:
-            import torch  # noqa: F401
+            import torch
 
             per_item = median_of(lambda: torch_run(root, slow, batched=False), repeats)
             batched = median_of(lambda: torch_run(root, slow, batched=True), repeats)
@@ -325,7 +325,7 @@ def main(repeats: int = 5) -> None:
         measure("loaderx, augment", lambda: loaderx_run(root, "zstd", slow, transform=augment),
                 slow)
         try:
-            import torch  # noqa: F401,F811
+            import torch  # noqa: F401
 
             measure("torch, augment",
                     lambda: torch_run(root, slow, batched=True, transform=augment), slow)
@@ -348,7 +348,8 @@ def main(repeats: int = 5) -> None:
             t, b = results[name]
             return b / t
 
-        for kind, g in (("loaderx", "gathers (zstd store)"), ("loaderx-raw", "gathers (raw store)")):
+        for kind, g in (("loaderx", "gathers (zstd store)"),
+                        ("loaderx-raw", "gathers (raw store)")):
             print(f"{kind} / back-to-back gathers of the same indices: "
                   f"{rate(kind) / rate(g):.2f}")
         for kind in ("loaderx", "loaderx-raw"):

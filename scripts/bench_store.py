@@ -28,7 +28,8 @@ import shutil
 import statistics
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -60,7 +61,8 @@ def windows(n: int, batches: int) -> list[np.ndarray]:
     return [np.arange(s, s + BATCH) for s in starts]
 
 
-def timed(fn: Callable[[np.ndarray], np.ndarray], batches: list[np.ndarray], check: np.ndarray | None) -> float:
+def timed(fn: Callable[[np.ndarray], np.ndarray], batches: list[np.ndarray],
+          check: np.ndarray | None) -> float:
     fn(batches[0])  # warm (page cache, first-touch of mappings)
     t = time.perf_counter()
     for idx in batches:
@@ -172,7 +174,8 @@ def blosc2_store(data: np.ndarray, root: pathlib.Path):
     path = root / "b2.b2nd"
     t = time.perf_counter()
     cparams = blosc2.CParams(codec=blosc2.Codec.ZSTD, clevel=3)
-    blosc2.asarray(data, chunks=(1, size), blocks=(1, size), urlpath=str(path), mode="w", cparams=cparams)
+    blosc2.asarray(data, chunks=(1, size), blocks=(1, size), urlpath=str(path), mode="w",
+                   cparams=cparams)
     write = time.perf_counter() - t
     arr = blosc2.open(str(path))
     return write, (lambda idx: np.stack([arr[int(i)] for i in idx])), path
@@ -266,7 +269,9 @@ def run(repeats: int = 5, workloads=WORKLOADS, only: set[str] | None = None) -> 
                 # Each repeat runs every contender's random gathers back to back, then their
                 # sequential ones, starting from a different contender each time.
                 order = built[r % len(built):] + built[: r % len(built)]
-                for kind, pick in enumerate((lambda k: draws(n, k, seed=r), lambda k: windows(n, k))):
+                # pick(k): k batches of indices, random then sequential; partial binds this
+                # workload's n and this repeat's r now, not when pick is called.
+                for kind, pick in enumerate((partial(draws, n, seed=r), partial(windows, n))):
                     for name, _write, gather, _path in order:
                         batches = 10 if name in SLOW else max(20, (256 << 20) // (BATCH * size))
                         times[name][kind].append(timed(gather, pick(batches), data) / batches)
@@ -292,7 +297,8 @@ def paired_ratio(row: dict, base: dict | None) -> float:
     slow moment of the shared machine that spans both cancels out of their ratio."""
     if base is None:
         return 0.0
-    return statistics.median(b / r for b, r in zip(base["rnd_times"], row["rnd_times"]))
+    return statistics.median(
+        b / r for b, r in zip(base["rnd_times"], row["rnd_times"], strict=True))
 
 
 def table(results: list[dict]) -> str:
@@ -304,13 +310,16 @@ def table(results: list[dict]) -> str:
         npy = base.get("npy-mmap")
         cache = base.get("ceiling (page cache)")
         lines.append(f"\n{workload} records, batch {BATCH}:\n")
-        lines.append("| store | write MiB/s | gather rnd MiB/s | gather seq MiB/s | ms/batch (rnd) | on disk MiB | ratio | stored compressed | rnd vs ceiling | rnd vs page-cache ceiling | rnd vs npy-mmap |")
+        lines.append("| store | write MiB/s | gather rnd MiB/s | gather seq MiB/s | ms/batch (rnd) "
+                     "| on disk MiB | ratio | stored compressed | rnd vs ceiling "
+                     "| rnd vs page-cache ceiling | rnd vs npy-mmap |")
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
             lines.append(
-                f"| {r['store']} | {f(r['write'], '.0f')} | {r['rnd']:.0f} | {r['seq']:.0f} | {r['ms']:.2f} "
-                f"| {f(r['disk'] and r['disk'] / 2**20, '.0f')} | {f(r['ratio'], '.2f')}x "
+                f"| {r['store']} | {f(r['write'], '.0f')} | {r['rnd']:.0f} | {r['seq']:.0f} "
+                f"| {r['ms']:.2f} | {f(r['disk'] and r['disk'] / 2**20, '.0f')} "
+                f"| {f(r['ratio'], '.2f')}x "
                 f"| {f(r['compressed'], '.0%')} | {paired_ratio(r, ceil):.2f}x "
                 f"| {paired_ratio(r, cache):.2f}x | {paired_ratio(r, npy):.2f}x |"
             )
@@ -367,7 +376,7 @@ def dict_write(repeats: int = 3, n: int = 2400, size: int = 12 * 1024) -> str:
 
 
 def main(repeats: int = 5) -> None:
-    print("\n## Store: zrecord against the alternatives (medians of %d runs)" % repeats)
+    print(f"\n## Store: zrecord against the alternatives (medians of {repeats} runs)")
     print(table(run(repeats)))
     print(dict_write(min(repeats, 3)))
 

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Seeded mutation fuzzing of a loaderx dataset: ``python scripts/fuzz_store.py --cases N --seed S``.
+"""Seeded mutation fuzzing of a loaderx dataset:
+``python scripts/fuzz_store.py --cases N --seed S``.
 
 Builds a small ragged dataset (zstd_dict, raw and zstd records, with checksums, so it has
-``dict.zr``, ``sums.zr`` and ``schema.msgpack``), then for each case flips, overwrites, truncates or extends bytes where they
-matter -- the header, the live table entries, the live chunk bytes, ``dict.zr``,
-``schema.msgpack``, ``sums.zr`` -- opens the dataset and reads every record (half the cases with
-checksum-checked reads, a quarter also run ``verify()``), and restores the files. Each
-outcome must be data or a clear exception (a ``ZrecordError`` subclass or an ``OSError``); any
-other exception is reported with its case, and a crash or a hang (caught by faulthandler after
-``--hang-seconds``) ends the process with a non-zero status. Prints a JSON summary.
+``dict.zr``, ``sums.zr`` and ``schema.msgpack``), then for each case flips, overwrites,
+truncates or extends bytes where they matter -- the header, the live table entries, the live
+chunk bytes, ``dict.zr``, ``schema.msgpack``, ``sums.zr`` -- opens the dataset and reads every
+record (half the cases with checksum-checked reads, a quarter also run ``verify()``), and
+restores the files. Each outcome must be data or a clear exception (a ``ZrecordError``
+subclass or an ``OSError``); any other exception is reported with its case, and a crash or a
+hang (caught by faulthandler after ``--hang-seconds``) ends the process with a non-zero status.
+Prints a JSON summary.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ HEADER = 16
 def build(path: str) -> int:
     rng = np.random.default_rng(0)
     base = rng.integers(0, 255, size=400, dtype=np.uint8)
-    similar = [np.roll(base, int(k))[: int(n)] for k, n in zip(rng.integers(0, 50, 300),
-                                                                rng.integers(1, 400, 300))]
+    similar = [np.roll(base, int(k))[: int(n)]
+               for k, n in zip(rng.integers(0, 50, 300), rng.integers(1, 400, 300), strict=True)]
     from_iterator(path, similar, codec="zstd_dict", dict_size=4096, progress=False,
                   checksums=True)
     from_iterator(path, [rng.integers(0, 255, int(n), dtype=np.uint8) for n in (0, 5, 900)],
@@ -143,7 +145,7 @@ def main() -> None:
             except (ZrecordError, OSError) as e:
                 outcomes["error"] += 1
                 errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
-            except Exception as e:  # noqa: BLE001 -- exactly what the fuzzer looks for
+            except Exception as e:
                 bad.append(f"case {case} ({what}): {type(e).__name__}: {e}\n"
                            f"{traceback.format_exc(limit=3)}")
             for name in files.saved:

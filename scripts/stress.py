@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import reliability as rel  # noqa: E402
 
-
 # -- many processes on one store ---------------------------------------------------------------
 #
 # Deletes move records (swap-tail), so which record an index names is published by the writer:
@@ -131,7 +130,7 @@ def _mp_reader(path: str, lock_path: str, model_path: str, seed: int, stop, resu
             counts["changed"] += 1
             ids = accept()
             continue
-        for i, rec in zip(idx, recs):
+        for i, rec in zip(idx, recs, strict=True):
             problem = rel.check_record(int(ids[i]), rec)
             if problem:
                 counts["mismatches"] += 1
@@ -227,7 +226,7 @@ def mp_stress(tmp: str, seconds: float, readers: int, seed: int) -> dict:
             figures["mismatches"] += 1
         for start in range(0, min(len(z), len(ids)), 4096):
             idx = np.arange(start, min(len(ids), start + 4096), dtype=np.uint64)
-            for i, rec in zip(idx, rel.read_records(z, idx)):
+            for i, rec in zip(idx, rel.read_records(z, idx), strict=True):
                 if rel.check_record(int(ids[i]), rec):
                     figures["mismatches"] += 1
         figures["final_records"] = len(z)

@@ -8,6 +8,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --all-features -q -- -D warnings
 echo "== cargo test"
 cargo test --workspace --exclude loaderx-py -q
+echo "== ruff (the package, the tests, the scripts)"
+"$ROOT/.venv/bin/ruff" check python tests scripts
 echo "== mypy (the package) and stubtest (loaderx/_native.pyi against the compiled module)"
 "$VPY" -m mypy
 "$VPY" -m mypy.stubtest loaderx._native

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import pathlib
-import tarfile
-
 import subprocess
+import tarfile
 
 import pytest
 

@@ -59,7 +59,7 @@ def read_store(z) -> list[bytes]:
     dst = np.zeros(max(int(lens.sum()), 1), dtype=np.uint8)
     if n:
         z.gather(idx, dst, offsets)
-    return [dst[o : o + k].tobytes() for o, k in zip(offsets, lens)]
+    return [dst[o : o + k].tobytes() for o, k in zip(offsets, lens, strict=True)]
 
 
 def dense_arrays() -> list[tuple[str, np.ndarray]]:

@@ -51,7 +51,7 @@ def read_records(z, idx: np.ndarray) -> list[bytes]:
     np.cumsum(lens[:-1], out=offsets[1:])
     dst = np.empty(int(lens.sum()), dtype=np.uint8)
     z.gather(idx, dst, offsets)
-    return [dst[int(o):int(o) + int(n)].tobytes() for o, n in zip(offsets, lens)]
+    return [dst[int(o):int(o) + int(n)].tobytes() for o, n in zip(offsets, lens, strict=True)]
 
 
 def verify_store(z) -> list[str]:
@@ -60,7 +60,7 @@ def verify_store(z) -> list[str]:
     problems = []
     for start in range(0, n, 4096):
         idx = np.arange(start, min(n, start + 4096), dtype=np.uint64)
-        for i, rec in zip(idx, read_records(z, idx)):
+        for i, rec in zip(idx, read_records(z, idx), strict=True):
             p = check_record(int(i), rec)
             if p:
                 problems.append(p)
@@ -389,7 +389,7 @@ def race(path: str, seconds: float, readers: int, appenders: int, *, min_gathers
         rng = np.random.default_rng(seed)
         while not stop.is_set():
             idx = rng.integers(0, len(z), size=64).astype(np.uint64)
-            for i, rec in zip(idx, read_records(z, idx)):
+            for i, rec in zip(idx, read_records(z, idx), strict=True):
                 p = check_record(int(i), rec)
                 if p:
                     problems.append(p)

@@ -116,7 +116,7 @@ def test_we_read_and_extend_datasets_the_reference_converts(peer, tmp_path):
     with RaggedDataset(tmp_path / "ragged") as rs:
         got = rs[:]
         assert len(got) == len(ragged)
-        for g, r in zip(got, ragged):
+        for g, r in zip(got, ragged, strict=True):
             np.testing.assert_array_equal(g, r)
     # Append with our converters, then the reference reads the whole thing.
     more = dense[:5] * 2

@@ -97,7 +97,7 @@ def test_ragged_parts(tmp_path):
     with ConcatDataset([tmp_path / "a", tmp_path / "b"]) as ds:
         assert ds.kind == "ragged" and len(ds) == 5
         got = ds[[4, 0, 3]]
-        for g, w in zip(got, [b[1], a[0], b[0]]):
+        for g, w in zip(got, [b[1], a[0], b[0]], strict=True):
             np.testing.assert_array_equal(g, w)
         np.testing.assert_array_equal(ds[2], a[2])
         with pytest.raises(DatasetError, match="dense"):

@@ -12,7 +12,8 @@ import textwrap
 import msgpack
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loaderx.converter import from_iterator, from_numpy
 from loaderx.dataset import DenseDataset, RaggedDataset
@@ -172,7 +173,7 @@ def test_from_iterator_arrays_and_bytes(tmp_path):
     with RaggedDataset(tmp_path / "r") as rs:
         got = rs[:]
         assert len(got) == 300
-        for g, r in zip(got, recs):
+        for g, r in zip(got, recs, strict=True):
             assert g.dtype == np.float32 and g.shape == r.shape
             np.testing.assert_array_equal(g, r)
         np.testing.assert_array_equal(rs.lengths([0, 1, 2]), [len(r) for r in recs[:3]])

@@ -442,7 +442,7 @@ def test_buffers_are_recycled_but_never_while_visible(streams):
         keep = [next(loader) for _ in range(40)]
         copies = [b["label"].copy() for b in keep]
         take(loader, 50)
-        assert all((b["label"] == c).all() for b, c in zip(keep, copies))
+        assert all((b["label"] == c).all() for b, c in zip(keep, copies, strict=True))
         # ... and no two kept batches were handed out in the same memory: each holds a buffer
         # of its own while it is visible, for every stream.
         shared = [(i, j, k) for k in keep[0] for i in range(len(keep))
@@ -489,7 +489,7 @@ def test_the_specs_examples_run_as_written(tmp_path, monkeypatch):
     from_numpy("train_label", np.load("label.npy", mmap_mode="r"))
     loader = DataLoader({"data": DenseDataset("train_data"), "label": DenseDataset("train_label")},
                         transform=lambda batch: batch)
-    for i, batch in enumerate(loader):
+    for i, batch in enumerate(loader):  # noqa: B007 -- README loop as written; batch used below
         if i >= 256:
             break
     assert batch["data"].shape == (256, 8, 8) and batch["label"].shape == (256,)
@@ -630,9 +630,20 @@ def test_in_process_mode_turns_stop_iteration_into_an_error(streams):
 
 def test_the_public_names_import_from_the_package():
     import loaderx
-    from loaderx import (ConcatDataset, DataLoader as DL, DenseDataset as DD, Mode, RaggedDataset,
-                         Sampler, Zrecord, errors, from_iterator, from_numpy as fn, pad,
-                         set_num_threads)
+    from loaderx import (
+        ConcatDataset,
+        Mode,
+        RaggedDataset,
+        Sampler,
+        Zrecord,
+        errors,
+        from_iterator,
+        pad,
+        set_num_threads,
+    )
+    from loaderx import DataLoader as DL
+    from loaderx import DenseDataset as DD
+    from loaderx import from_numpy as fn
 
     assert DL is DataLoader and DD is DenseDataset and fn is from_numpy
     assert errors.StoreChangedError.__module__ == "loaderx.errors"

@@ -8,7 +8,8 @@ import pickle
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import FIXTURES
 from loaderx.converter import from_iterator, from_numpy
@@ -147,7 +148,7 @@ def test_ragged_dataset(tmp_path):
         np.testing.assert_array_equal(rs[-2], recs[2])
         got = rs[[2, 0, 1, 2]]
         assert isinstance(got, list) and len(got) == 4
-        for g, k in zip(got, [2, 0, 1, 2]):
+        for g, k in zip(got, [2, 0, 1, 2], strict=True):
             np.testing.assert_array_equal(g, recs[k])
         assert got[0].base is not None and got[0].base is got[1].base  # views of one buffer
         assert rs[[]] == []
@@ -187,7 +188,7 @@ def test_ragged_round_trip_property(tmp_path_factory, data):
     with RaggedDataset(path) as rs:
         got = rs[idx]
         assert len(got) == len(idx)
-        for g, i in zip(got, idx):
+        for g, i in zip(got, idx, strict=True):
             np.testing.assert_array_equal(g, recs[i])
 
 
@@ -210,7 +211,7 @@ def test_reference_fixtures_read_through_the_datasets(reference_stores, manifest
             with RaggedDataset(path) as rs:
                 got = rs[:]
                 assert len(got) == len(want)
-                for g, w in zip(got, want):
+                for g, w in zip(got, want, strict=True):
                     assert g.dtype == w.dtype
                     np.testing.assert_array_equal(g, w)
         else:

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 import loaderx
-from loaderx import DataLoader, DenseDataset, Sampler, Zrecord, errors, from_numpy
-from loaderx import _native
+from loaderx import DataLoader, DenseDataset, Sampler, Zrecord, _native, errors, from_numpy
 
 PACKAGE = pathlib.Path(loaderx.__file__).parent
 

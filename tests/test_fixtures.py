@@ -30,7 +30,7 @@ def read_all(z: Zrecord) -> list[bytes]:
     offsets = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.uint64)
     dst = np.zeros(int(lens.sum()), dtype=np.uint8)
     z.gather(idx, dst, offsets)
-    return [dst[o : o + n].tobytes() for o, n in zip(offsets, lens)]
+    return [dst[o : o + n].tobytes() for o, n in zip(offsets, lens, strict=True)]
 
 
 def test_manifest_names_every_fixture(manifest):

@@ -53,7 +53,7 @@ def test_torch_images_with_labels(dense_path, tmp_path, context):
     loader = torch.utils.data.DataLoader(pairs, batch_size=32, shuffle=True, generator=gen,
                                          num_workers=2, collate_fn=to_torch,
                                          multiprocessing_context=context)
-    images, targets = (torch.cat(t).numpy() for t in zip(*loader))
+    images, targets = (torch.cat(t).numpy() for t in zip(*loader, strict=True))
     order = np.argsort(images[:, 0])
     np.testing.assert_array_equal(images[order], DATA)
     np.testing.assert_array_equal(targets[order], labels)

@@ -67,7 +67,7 @@ def test_enabling_on_an_existing_dataset_and_appending(tmp_path):
         z.append(*rel.pack([b"\x00" * 8]))  # any later append is summed too
         assert z.verify()["checked"] == 9
     with RaggedDataset(tmp_path / "r", verify_reads=True) as rs:
-        for got, want in zip(rs[:8], recs + recs):
+        for got, want in zip(rs[:8], recs + recs, strict=True):
             np.testing.assert_array_equal(got, want)
 
 

@@ -109,7 +109,7 @@ def check_store(path, model: list[int]) -> None:
     with Zrecord(path) as z:
         assert len(z) == len(model)
         idx = np.arange(len(model), dtype=np.uint64)
-        bad = [p for i, rec in zip(model, rel.read_records(z, idx))
+        bad = [p for i, rec in zip(model, rel.read_records(z, idx), strict=True)
                if (p := rel.check_record(i, rec))]
         assert bad == [], bad[:5]
 
@@ -373,7 +373,7 @@ def test_reader_length_follows_another_processes_syncs(tmp_path, outside):
         n += k
         assert len(reader) == n  # live, no refresh
         fresh = np.arange(n - k, n, dtype=np.uint64)
-        assert [p for i, rec in zip(fresh, rel.read_records(reader, fresh))
+        assert [p for i, rec in zip(fresh, rel.read_records(reader, fresh), strict=True)
                 if (p := rel.check_record(int(i), rec))] == []
     assert rel.verify_store(reader) == []
     assert not reader.is_writer
@@ -404,7 +404,7 @@ def test_deletes_by_another_process_need_a_refresh(tmp_path, outside):
             rel.read_records(reader, np.arange(3, dtype=np.uint64))
         reader.refresh()
         idx = np.arange(len(model), dtype=np.uint64)
-        assert [p for i, rec in zip(model, rel.read_records(reader, idx))
+        assert [p for i, rec in zip(model, rel.read_records(reader, idx), strict=True)
                 if (p := rel.check_record(i, rec))] == []
     peer("z.close()")
     peer.close()

@@ -14,7 +14,6 @@ import numpy as np
 import reliability as rel
 from loaderx.zrecord import Zrecord
 
-
 # The kill loops check the store after every kill (and raise AssertionError on any damage).
 # Every other kill is aimed: the child is stopped inside the native call and killed there, so
 # the counts of kills inside native calls below hold on any machine, however loaded, unless the

@@ -75,7 +75,7 @@ def run_hosts(root, tmp_path, count: int, workers: int, steps: range, state=None
 
 def assert_same(got, want, what):
     assert len(got) == len(want)
-    for k, (g, w) in enumerate(zip(got, want)):
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g["x"].tobytes() == w["x"].tobytes(), f"{what}: step {k} x"
         assert g["y"].tobytes() == w["y"].tobytes(), f"{what}: step {k} y"
 
@@ -115,7 +115,7 @@ def test_slices_are_disjoint_and_cover_each_cycle_once(root):
             batches = [next(loader) for loader in loaders]
             flat = np.concatenate(step_rows)
             assert len(set(flat.tolist())) == BATCH, "shards of one step overlap"
-            for rows, b in zip(step_rows, batches):
+            for rows, b in zip(step_rows, batches, strict=True):
                 np.testing.assert_array_equal(b["y"], LABEL[rows.astype(np.int64)])
                 assert b["x"].shape == (BATCH // count, 5)
             seen.extend(flat.tolist())

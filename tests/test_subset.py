@@ -6,7 +6,8 @@ import pickle
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loaderx import DataLoader, from_iterator, from_numpy, split
 from loaderx.concat import ConcatDataset
@@ -78,16 +79,16 @@ def test_bad_subsets_are_refused(dense):
 def test_split_is_disjoint_seeded_and_sized(dense, fractions):
     parts = split(dense, fractions, seed=7)
     sizes = [len(p) for p in parts]
-    assert all(abs(s - f * len(dense)) <= 1 for s, f in zip(sizes, fractions))
+    assert all(abs(s - f * len(dense)) <= 1 for s, f in zip(sizes, fractions, strict=True))
     flat = np.concatenate([p.indices for p in parts])
     assert len(np.unique(flat)) == len(flat), "disjoint"
     if abs(sum(fractions) - 1) < 1e-9:
         assert sorted(flat) == list(range(len(dense)))
     assert all((np.diff(p.indices.astype(np.int64)) > 0).all() for p in parts)
     again = split(dense, fractions, seed=7)
-    assert all((a.indices == b.indices).all() for a, b in zip(parts, again))
+    assert all((a.indices == b.indices).all() for a, b in zip(parts, again, strict=True))
     other = split(dense, fractions, seed=8)
-    assert any((a.indices != b.indices).any() for a, b in zip(parts, other))
+    assert any((a.indices != b.indices).any() for a, b in zip(parts, other, strict=True))
 
 
 def test_a_loader_over_subsets(dense, tmp_path):

@@ -62,7 +62,7 @@ def test_many_threads_on_one_store_dataset_and_loader(tmp_path):
         rng = np.random.default_rng(seed)
         while not stop.is_set():
             idx = rng.integers(0, len(z), 50).astype(np.uint64)
-            for i, rec in zip(idx, rel.read_records(z, idx)):
+            for i, rec in zip(idx, rel.read_records(z, idx), strict=True):
                 p = rel.check_record(int(i), rec)
                 if p:
                     problems.append(p)

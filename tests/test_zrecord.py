@@ -37,7 +37,7 @@ def read(z: Zrecord, idx) -> list[bytes]:
     offsets = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.uint64)
     dst = np.zeros(int(lens.sum()), dtype=np.uint8)
     z.gather(idx, dst, offsets)
-    return [dst[o : o + n].tobytes() for o, n in zip(offsets, lens)]
+    return [dst[o : o + n].tobytes() for o, n in zip(offsets, lens, strict=True)]
 
 
 @pytest.fixture
@@ -162,7 +162,8 @@ def test_gather_argument_forms_agree(store, index_form, offset_form, dst_dtype):
     dst = np.zeros(room // np.dtype(dst_dtype).itemsize, dtype=dst_dtype)
     store.gather(index_form(picks), dst, offset_form(offsets))
     got = dst.view(np.uint8)
-    assert [got[o : o + n].tobytes() for o, n in zip(offsets, sizes)] == [recs[i] for i in picks]
+    assert ([got[o : o + n].tobytes() for o, n in zip(offsets, sizes, strict=True)]
+            == [recs[i] for i in picks])
 
 
 def test_usual_arrays_take_the_direct_route(store):
@@ -175,8 +176,10 @@ def test_usual_arrays_take_the_direct_route(store):
     # Everything that needs converting or a precise error is declined untouched.
     dst[:] = 0
     for args in [([0], dst, [0]), (np.array([-1]), dst, np.array([0])),
-                 (np.array([0]), dst, np.array([-1])), (np.array([0], dtype=np.int32), dst, np.array([0])),
-                 (np.array([0]), dst.view(np.int8), np.array([0])), (np.array([0]), dst[::2], np.array([0]))]:
+                 (np.array([0]), dst, np.array([-1])),
+                 (np.array([0], dtype=np.int32), dst, np.array([0])),
+                 (np.array([0]), dst.view(np.int8), np.array([0])),
+                 (np.array([0]), dst[::2], np.array([0]))]:
         assert not direct(*args)
     assert (dst == 0).all()
 
@@ -340,7 +343,7 @@ def test_threads_gather_while_appending(tmp_path):
                 while not done.is_set():
                     n = len(z)
                     idx = rng.integers(0, n, size=32)
-                    for i, got in zip(idx, read(z, idx)):
+                    for i, got in zip(idx, read(z, idx), strict=True):
                         if got != recs[i]:
                             failures.append(f"record {i}")
             except BaseException as e:  # raised again in the test's thread

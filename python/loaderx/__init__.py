@@ -30,16 +30,16 @@ except PackageNotFoundError:  # running from a source tree
     __version__ = "0+unknown"
 
 # Re-exported so that the common names need one import; the modules stay the reference.
-from loaderx import errors  # noqa: E402
-from loaderx._native import set_num_threads  # noqa: E402
-from loaderx.concat import ConcatDataset  # noqa: E402
-from loaderx.converter import from_iterator, from_numpy  # noqa: E402
-from loaderx.dataloader import DataLoader  # noqa: E402
-from loaderx.dataset import DenseDataset, RaggedDataset, pad  # noqa: E402
-from loaderx.errors import LoaderxError, ZrecordError  # noqa: E402
-from loaderx.sampler import Mode, Sampler  # noqa: E402
-from loaderx.subset import Subset, split  # noqa: E402
-from loaderx.zrecord import Zrecord  # noqa: E402
+from loaderx import errors
+from loaderx._native import set_num_threads
+from loaderx.concat import ConcatDataset
+from loaderx.converter import from_iterator, from_numpy
+from loaderx.dataloader import DataLoader
+from loaderx.dataset import DenseDataset, RaggedDataset, pad
+from loaderx.errors import LoaderxError, ZrecordError
+from loaderx.sampler import Mode, Sampler
+from loaderx.subset import Subset, split
+from loaderx.zrecord import Zrecord
 
 __all__ = [
     "ConcatDataset", "DataLoader", "DenseDataset", "LoaderxError", "Mode", "RaggedDataset",

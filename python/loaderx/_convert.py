@@ -18,7 +18,8 @@ _U64 = np.dtype(np.uint64)
 def _as_u64(values: Any, error: type[Exception], not_int: str, negative: str) -> np.ndarray:
     """``values`` as a C-contiguous 1-D uint64 array. ``not_int`` and ``negative`` are the
     messages (formatted with ``dtype`` and ``value``) of the ``error`` raised otherwise."""
-    if isinstance(values, np.ndarray) and values.dtype == _U64 and values.ndim == 1 and values.flags.c_contiguous:
+    if (isinstance(values, np.ndarray) and values.dtype == _U64 and values.ndim == 1
+            and values.flags.c_contiguous):
         return values  # the hot path of a loader: nothing to check or convert
     if isinstance(values, (bool, np.bool_)):
         raise error(not_int.format(dtype="bool"))

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-
 #: Byte alignment of the buffers handed out. Raw records sit in their chunk at offsets that are
 #: multiples of their size, so with 64-byte-aligned rows source and destination are aligned alike
 #: and the engine's copy takes ``memcpy``'s fastest path (see ``copy_bytes`` in the engine).

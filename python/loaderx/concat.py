@@ -25,8 +25,14 @@ from typing import Any, cast
 
 import numpy as np
 
-from loaderx.dataset import (DenseDataset, RaggedDataset, _dense_gather, _indices,
-                              _one_index, _schema)
+from loaderx.dataset import (
+    DenseDataset,
+    RaggedDataset,
+    _dense_gather,
+    _indices,
+    _one_index,
+    _schema,
+)
 from loaderx.errors import CorruptStoreError, DatasetError, LoaderxIndexError, LoaderxValueError
 
 __all__ = ["ConcatDataset"]
@@ -51,7 +57,8 @@ class ConcatDataset:
 
     def __init__(self, parts: Sequence[Any], *, verify_reads: bool = False) -> None:
         if isinstance(parts, (str, os.PathLike)) or not len(parts):
-            raise LoaderxValueError("ConcatDataset needs a non-empty list of dataset paths or datasets")
+            raise LoaderxValueError(
+                "ConcatDataset needs a non-empty list of dataset paths or datasets")
         self._verify_reads = bool(verify_reads)
         self._parts = [_open_part(p, self._verify_reads) for p in parts]
         first = self._parts[0]
@@ -185,7 +192,7 @@ class ConcatDataset:
         out: list[Any] = [None] * len(idxs)
         for k in np.unique(part):
             rows = np.flatnonzero(part == k)
-            for r, rec in zip(rows, self._parts[int(k)][local[rows]]):
+            for r, rec in zip(rows, self._parts[int(k)][local[rows]], strict=True):
                 out[int(r)] = rec
         return out
 

@@ -16,7 +16,8 @@ indices. Batch ``k`` is a pure function of ``(seed, mode, batch_size, dataset le
 >>> root = tempfile.mkdtemp()
 >>> _ = from_numpy(os.path.join(root, "x"), np.arange(40, dtype=np.float32).reshape(20, 2))
 >>> _ = from_numpy(os.path.join(root, "y"), np.arange(20) % 3)
->>> streams = {"x": DenseDataset(os.path.join(root, "x")), "y": DenseDataset(os.path.join(root, "y"))}
+>>> streams = {"x": DenseDataset(os.path.join(root, "x")),
+...            "y": DenseDataset(os.path.join(root, "y"))}
 >>> with DataLoader(streams, batch_size=4, seed=0) as loader:
 ...     batch = next(loader)
 ...     state = loader.state_dict()
@@ -49,7 +50,8 @@ Threads: ``num_workers`` prefetch threads each build whole batches (sample, gath
 stream, transform) for the steps they claim, up to ``prefetch_size`` batches ahead of the
 consumer. ``num_workers=0`` builds each batch on the consumer's thread when ``next()`` asks for
 it, as torch's ``num_workers=0`` does: the same batches, with the transform debuggable in
-process (its exceptions propagate as raised, and the step is built again on the next call). A gather releases the GIL and can be split across the store's native pool (one thread
+process (its exceptions propagate as raised, and the step is built again on the next call).
+A gather releases the GIL and can be split across the store's native pool (one thread
 per core, shared by every store in the process). So that the two do not oversubscribe the
 cores, each worker splits its gathers into at most ``max(1, pool_threads // num_workers)``
 blocks: with as many workers as cores every gather runs on its own worker thread, with fewer
@@ -562,7 +564,7 @@ class _Pipeline:
                 self._read_ahead(ahead)
             try:
                 item = self._produce(step)
-            except BaseException as e:  # noqa: BLE001 -- delivered to the consumer, not lost
+            except BaseException as e:
                 item = _Failure(e)
             with cond:
                 if self.closed:
@@ -614,7 +616,7 @@ class _Pipeline:
         stream is the batch's gather to report."""
         try:
             return any(ds.recently_cold for _, ds, *_ in self.streams)
-        except Exception:  # noqa: BLE001 -- reported by the gather that follows
+        except Exception:
             return False
 
     def _read_ahead(self, steps: range) -> None:
@@ -627,7 +629,7 @@ class _Pipeline:
                 idx = self.batch_of(step)
                 for _, ds, *_ in self.streams:
                     ds.prefetch(idx)
-        except Exception:  # noqa: BLE001 -- the batch's own gather reports it
+        except Exception:
             return
 
     def rows(self, global_batch: np.ndarray) -> np.ndarray:
@@ -638,7 +640,8 @@ class _Pipeline:
         idx = self.batch_of(step)
         shards = max(1, _native.num_threads() // max(1, self.workers))
         batch = {}
-        for (name, _, gather, row_bytes, shape, dtype), pool in zip(self.streams, self.pools):
+        for (name, _, gather, row_bytes, shape, dtype), pool in zip(
+                self.streams, self.pools, strict=True):
             out, raw = pool.take(shape, dtype)
             if len(idx) < shape[0]:  # the last batch of a finite pass
                 out, raw = out[:len(idx)], raw[:len(idx) * row_bytes]

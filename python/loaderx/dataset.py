@@ -314,7 +314,7 @@ class RaggedDataset(_StoreView):
             self._store.gather(idxs, buf, offsets)
         return [
             buf[int(o):int(e)].view(self.dtype).reshape((int(r), *self.item_shape))
-            for o, e, r in zip(offsets, ends, rows)
+            for o, e, r in zip(offsets, ends, rows, strict=True)
         ]
 
 
@@ -331,10 +331,11 @@ def pad(records: Sequence[Any], max_len: int | None = None,
         raise LoaderxValueError("pad() needs at least one record to know the dtype and shape")
     for i, a in enumerate(arrays):
         if a.ndim == 0:
-            raise LoaderxValueError(f"record {i} is a scalar; pad() stacks records along their first axis")
+            raise LoaderxValueError(
+                f"record {i} is a scalar; pad() stacks records along their first axis")
         if a.shape[1:] != arrays[0].shape[1:]:
             raise LoaderxValueError(f"record {i} has trailing shape {a.shape[1:]}, record 0 has "
-                             f"{arrays[0].shape[1:]}")
+                                    f"{arrays[0].shape[1:]}")
     lengths = np.array([len(a) for a in arrays], dtype=np.int64)
     longest = int(lengths.max())
     if max_len is None:
@@ -343,8 +344,8 @@ def pad(records: Sequence[Any], max_len: int | None = None,
         raise LoaderxValueError(f"max_len must be a non-negative int, got {max_len!r}")
     elif max_len < longest:
         k = int(lengths.argmax())
-        raise LoaderxValueError(f"record {k} has {longest} rows, more than max_len={max_len}; pad() "
-                         "does not truncate (slice the records first)")
+        raise LoaderxValueError(f"record {k} has {longest} rows, more than max_len={max_len}; "
+                                "pad() does not truncate (slice the records first)")
     dtype = np.result_type(*{a.dtype for a in arrays})
     out = np.full((len(arrays), int(max_len), *arrays[0].shape[1:]), pad_value, dtype=dtype)
     for i, a in enumerate(arrays):

@@ -79,7 +79,9 @@ def torch_batches(batches: Iterable[Any]) -> Iterator[Any]:
         yield to_torch(batch)
 
 
-def prefetch_to_device(batches: Iterable[Any], size: int = 2, sharding: Any = None) -> Iterator[Any]:
+def prefetch_to_device(
+    batches: Iterable[Any], size: int = 2, sharding: Any = None
+) -> Iterator[Any]:
     """Yields the batches of ``batches`` as JAX arrays, keeping ``size`` of them in flight to
     the devices ahead of the consumer (``jax.device_put`` is asynchronous, so the copies overlap
     the training step).

@@ -241,7 +241,7 @@ class Sampler:
 
             diff = ", ".join(
                 f"{n}: {shown(b)} in the state, {shown(a)} here"
-                for n, a, b in zip(names, ours, theirs)
+                for n, a, b in zip(names, ours, theirs, strict=True)
                 if a != b
             )
             raise LoaderxValueError(f"state_dict is for a different sampler ({diff})")

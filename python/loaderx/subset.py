@@ -147,7 +147,8 @@ class Subset:
         """The loader's dense gather, through the index map."""
         if len(idxs) and int(idxs.max()) >= len(self):
             bad = int(idxs[idxs >= len(self)][0])
-            raise LoaderxIndexError(f"index {bad} is out of range for a subset of {len(self)} records")
+            raise LoaderxIndexError(
+                f"index {bad} is out of range for a subset of {len(self)} records")
         self._base._gather_fixed(self._indices[idxs], dst, row_bytes, shards)
 
 
@@ -167,7 +168,8 @@ def split(dataset: Any, fractions: Sequence[float], *, seed: int = 0) -> list[Su
     over by rounding go to the first subsets, one each, when they add up to 1."""
     fr = [float(f) for f in fractions]
     if not fr or any(not f > 0 for f in fr) or sum(fr) > 1 + 1e-9:
-        raise LoaderxValueError(f"fractions must be positive and add up to at most 1, got {fractions}")
+        raise LoaderxValueError(
+            f"fractions must be positive and add up to at most 1, got {fractions}")
     n = len(dataset)
     counts = [int(f * n) for f in fr]
     if abs(sum(fr) - 1) <= 1e-9:
