@@ -33,7 +33,7 @@ from loaderx.dataset import (
     _one_index,
     _schema,
 )
-from loaderx.errors import CorruptStoreError, DatasetError, LoaderxIndexError, LoaderxValueError
+from loaderx.errors import DatasetError, LoaderxIndexError, LoaderxValueError
 
 __all__ = ["ConcatDataset"]
 
@@ -165,27 +165,28 @@ class ConcatDataset:
         """Whether the last read of any part found records that were not in memory."""
         return any(p.recently_cold for p in self._parts)
 
-    def _gather_fixed(self, idxs: np.ndarray, dst: np.ndarray, row_bytes: int,
-                      shards: int | None = None) -> None:
-        """Fills ``dst`` (``len(idxs) * row_bytes`` bytes) as the loader's dense gather does."""
+    @property
+    def view_digest(self) -> str:
+        """``""`` when every part is a whole dataset, else the parts' digests."""
+        digests = [getattr(p, "view_digest", "") for p in self._parts]
+        return "+".join(digests) if any(digests) else ""
+
+    def gather_rows(self, idxs: np.ndarray, dst: np.ndarray, shards: int | None = None,
+                    rows: np.ndarray | None = None) -> None:
+        """Dense views: each part's records of the batch go straight to their rows of ``dst``
+        (see :mod:`loaderx.source`)."""
         if int(idxs.max(initial=0)) >= self._len:
             bad = int(idxs[idxs >= self._len][0])
             raise LoaderxIndexError(f"index {bad} is out of range for {self._len} records")
         part, local = self._locate(idxs)
         for k in np.unique(part):
-            rows = np.flatnonzero(part == k)
             ds = cast(DenseDataset, self._parts[int(k)])  # a dense view: every part is
-            mine = local[rows]
-            if len(rows) == len(idxs):  # the whole batch from one part: its fixed-stride gather
-                ds._gather_fixed(mine, dst, row_bytes, shards)
+            here = np.flatnonzero(part == k)
+            if len(here) == len(idxs):  # the whole batch from one part
+                ds.gather_rows(local, dst, shards, rows)
                 return
-            lengths = ds.store.lengths(mine)
-            wrong = np.flatnonzero(lengths != row_bytes)
-            if len(wrong):
-                i = int(mine[wrong[0]])
-                raise CorruptStoreError(f"record {i} of {ds.path} holds {int(lengths[wrong[0]])} "
-                                        f"bytes where every record holds {row_bytes}")
-            ds.store.gather(mine, dst, rows.astype(np.uint64) * np.uint64(row_bytes))
+            into = here.astype(np.uint64) if rows is None else rows[here]
+            ds.gather_rows(local[here], dst, shards, into)
 
     def _ragged(self, idxs: np.ndarray) -> list[np.ndarray]:
         part, local = self._locate(idxs)

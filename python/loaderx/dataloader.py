@@ -85,14 +85,13 @@ import numpy as np
 
 from loaderx import _native
 from loaderx._recycle import BufferPool
-from loaderx.concat import ConcatDataset
-from loaderx.dataset import DenseDataset
 from loaderx.errors import LoaderClosedError, LoaderxTypeError, LoaderxValueError
 from loaderx.sampler import Mode, ModeLike, Sampler, _u64
-from loaderx.subset import Subset, view_id
+from loaderx.source import DenseSource, is_dense_source
 
-#: What a loader stream may be: a dense dataset or a dense view of datasets.
-Stream = DenseDataset | ConcatDataset | Subset
+#: What a loader stream may be: anything that implements :class:`loaderx.source.DenseSource`
+#: (a DenseDataset, or a dense ConcatDataset or Subset).
+Stream = DenseSource
 
 __all__ = ["DataLoader", "Pass", "Stream"]
 
@@ -152,9 +151,7 @@ class DataLoader:
             if isinstance(ds, (str, os.PathLike)):
                 raise LoaderxTypeError(f"stream {name!r} is a path; open it first: "
                                 f"DenseDataset({os.fspath(ds)!r})")
-            dense = isinstance(ds, DenseDataset) or (isinstance(ds, (ConcatDataset, Subset))
-                                                     and ds.kind == "dense")
-            if not dense:
+            if not is_dense_source(ds):
                 raise LoaderxTypeError(
                     f"stream {name!r} is a {type(ds).__name__}; the DataLoader reads dense "
                     "streams only (pad ragged records into a dense store first)")
@@ -227,8 +224,8 @@ class DataLoader:
 
     def _view(self) -> str:
         """Which subsets the streams are ("" when every stream is a whole dataset)."""
-        ids = [f"{name}={view_id(ds)}" for name, ds in sorted(self._streams.items())
-               if view_id(ds)]
+        ids = [f"{name}={ds.view_digest}" for name, ds in sorted(self._streams.items())
+               if ds.view_digest]
         return ",".join(ids)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -423,7 +420,7 @@ class _Pipeline:
         # endless). A finite pass has its own; batches may then be shorter than `rows`.
         self.batch_of = batch_of or (lambda step: self.rows(self.sampler.batch(step)))
         self.steps = steps
-        self.streams = [(name, ds, ds._gather_fixed, ds.record_bytes, (rows, *ds.item_shape),
+        self.streams = [(name, ds, ds.gather_rows, ds.record_bytes, (rows, *ds.item_shape),
                          ds.dtype)
                         for name, ds in streams.items()]
         self.sampler = sampler
@@ -646,7 +643,7 @@ class _Pipeline:
             if len(idx) < shape[0]:  # the last batch of a finite pass
                 out, raw = out[:len(idx)], raw[:len(idx) * row_bytes]
             if len(idx):
-                gather(idx, raw, row_bytes, shards)
+                gather(idx, raw, shards)
             batch[name] = out
         return batch
 

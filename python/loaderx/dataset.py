@@ -199,12 +199,25 @@ class DenseDataset(_StoreView):
     def __init__(self, path: str | os.PathLike[str], *, verify_reads: bool = False) -> None:
         super().__init__(path, verify_reads=verify_reads)
         self._row_bytes = self._schema.item_bytes
-        self._gather_fixed = self._store._native.gather_fixed
+        self._native_gather_fixed = self._store._native.gather_fixed
 
     @property
     def record_bytes(self) -> int:
         """Bytes of one record."""
         return self._row_bytes
+
+    # -- the dense-source protocol (loaderx.source) --------------------------------------------
+
+    kind = "dense"
+    view_digest = ""  # a whole dataset
+
+    def gather_rows(self, idxs: npt.NDArray[np.uint64], dst: npt.NDArray[np.uint8],
+                    shards: int | None = None,
+                    rows: npt.NDArray[np.uint64] | None = None) -> None:
+        """Writes record ``idxs[i]`` into row ``i`` (or ``rows[i]``) of the uint8 buffer
+        ``dst`` of ``record_bytes``-byte rows, in at most ``shards`` parallel blocks; see
+        :mod:`loaderx.source`. The engine checks every index and record size first."""
+        self._native_gather_fixed(idxs, dst, self._row_bytes, shards, rows)
 
     @overload
     def __getitem__(self, idx: SupportsIndex | tuple[Any, ...]) -> Any: ...
@@ -243,7 +256,7 @@ class DenseDataset(_StoreView):
 def _dense_gather(view: Any, idxs: Any, out: np.ndarray | None) -> np.ndarray:
     """The ``gather`` of every dense view (a :class:`DenseDataset`, a dense
     :class:`~loaderx.concat.ConcatDataset`): checks the indices and ``out`` (or allocates it
-    aligned), then fills it with the view's ``_gather_fixed``."""
+    aligned), then fills it with the view's ``gather_rows``."""
     if not (isinstance(idxs, np.ndarray) and idxs.dtype == _U64 and idxs.ndim == 1):
         idxs = _indices(idxs, len(view)).reshape(-1)
     shape = (len(idxs), *view.item_shape)
@@ -259,7 +272,7 @@ def _dense_gather(view: Any, idxs: Any, out: np.ndarray | None) -> np.ndarray:
     elif not out.flags.writeable:
         raise LoaderxValueError("out is read-only")
     if len(idxs):
-        view._gather_fixed(idxs, out.reshape(-1).view(np.uint8), view.record_bytes)
+        view.gather_rows(idxs, out.reshape(-1).view(np.uint8))
     return out
 
 
@@ -272,6 +285,7 @@ class RaggedDataset(_StoreView):
     """
 
     _kind = "ragged"
+    kind = "ragged"
 
     @overload
     def __getitem__(self, idx: int | np.integer[Any]) -> npt.NDArray[Any]: ...

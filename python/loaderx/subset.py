@@ -54,7 +54,7 @@ class Subset:
         self._base = dataset
         self._indices = np.ascontiguousarray(indices, dtype=np.uint64)
         self._indices.setflags(write=False)
-        self.kind = getattr(dataset, "kind", None) or dataset._kind
+        self.kind: str = dataset.kind
         if self.kind == "dense":
             self.record_bytes = dataset.record_bytes
 
@@ -142,23 +142,20 @@ class Subset:
         flat = np.asarray(idxs, dtype=np.uint64).reshape(-1)
         return bool(self._base.prefetch(self._indices[flat[flat < len(self)]]))
 
-    def _gather_fixed(self, idxs: np.ndarray, dst: np.ndarray, row_bytes: int,
-                      shards: int | None = None) -> None:
-        """The loader's dense gather, through the index map."""
+    @property
+    def view_digest(self) -> str:
+        """Which records of its dataset this view holds (:attr:`digest`)."""
+        return self.digest
+
+    def gather_rows(self, idxs: np.ndarray, dst: np.ndarray, shards: int | None = None,
+                    rows: np.ndarray | None = None) -> None:
+        """Dense subsets: the loader's gather, through the index map (see
+        :mod:`loaderx.source`)."""
         if len(idxs) and int(idxs.max()) >= len(self):
             bad = int(idxs[idxs >= len(self)][0])
             raise LoaderxIndexError(
                 f"index {bad} is out of range for a subset of {len(self)} records")
-        self._base._gather_fixed(self._indices[idxs], dst, row_bytes, shards)
-
-
-def view_id(dataset: Any) -> str:
-    """Which records of its dataset a stream is, for checkpoints: a digest of a subset's
-    indices, "" for a whole dataset. Paths are left out on purpose (a dataset copied elsewhere
-    is the same data); lengths are checked apart."""
-    if isinstance(dataset, Subset):
-        return dataset.digest
-    return ""
+        self._base.gather_rows(self._indices[idxs], dst, shards, rows)
 
 
 def split(dataset: Any, fractions: Sequence[float], *, seed: int = 0) -> list[Subset]:

@@ -131,9 +131,10 @@ impl PyStore {
         Ok(true)
     }
 
-    /// Fixed-stride gather: record `idxs[i]` lands at byte `i * record_len` of `dst`, split
-    /// into at most `max_shards` parallel blocks (all pool threads when not given).
-    #[pyo3(signature = (idxs, dst, record_len, max_shards=None))]
+    /// Fixed-stride gather: record `idxs[i]` lands at row `i` of `dst` (rows of `record_len`
+    /// bytes), or at row `rows[i]` when given (strictly increasing), split into at most
+    /// `max_shards` parallel blocks (all pool threads when not given).
+    #[pyo3(signature = (idxs, dst, record_len, max_shards=None, rows=None))]
     fn gather_fixed(
         &self,
         py: Python<'_>,
@@ -141,12 +142,14 @@ impl PyStore {
         dst: PyBuffer<u8>,
         record_len: usize,
         max_shards: Option<usize>,
+        rows: Option<PyBuffer<u64>>,
     ) -> PyResult<()> {
         let store = self.get()?;
         let idxs = idxs.to_vec(py)?;
+        let rows = rows.map(|r| r.to_vec(py)).transpose()?;
         let dst = slice_mut(&dst, "destination")?;
         let shards = max_shards.unwrap_or(usize::MAX);
-        detach(py, || store.gather_fixed(&idxs, dst, record_len, shards)).py()
+        detach(py, || store.gather_fixed_at(&idxs, rows.as_deref(), dst, record_len, shards)).py()
     }
 
     fn lengths_into(
