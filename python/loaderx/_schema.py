@@ -18,6 +18,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from loaderx import _native
 from loaderx.errors import CorruptStoreError, DatasetError
 
 SCHEMA_FILE = "schema.msgpack"
@@ -211,49 +212,27 @@ def parse(body: Any, file: str) -> Schema:
     codec = body.get("codec", "zstd")
     extra = {k: v for k, v in body.items() if k not in RESERVED}
     schema = Schema(kind, dtype, tuple(shape), str(codec), extra)
-    if schema.item_bytes > 1 << 20 and kind == "dense":
+    if schema.item_bytes > _native.MAX_RECORD_BYTES and kind == "dense":
         raise DatasetError(f"{file}: a {schema.describe()} record is over the 1 MiB limit")
     return schema
 
 
 def tmp_name(path: str) -> str:
-    """The temporary file :func:`write` uses in ``path``: one per process, so two processes
-    writing the same store's schema never write into one file."""
-    return os.path.join(path, f"{SCHEMA_FILE}.tmp-{os.getpid()}")
+    """The temporary file :func:`write` uses in ``path`` (the engine's durable write names it
+    after the file and the process, so two processes never write into one file)."""
+    return os.path.join(path, f"schema.tmp.{os.getpid()}")
 
 
 def write(path: str, schema: Schema) -> None:
-    """Writes ``schema.msgpack`` durably and atomically (temporary file, fsync, rename).
+    """Writes ``schema.msgpack`` durably and atomically, through the engine's one durable-write
+    routine (a new temporary file, fsync, rename, fsync of the directory).
 
     DatasetError, before anything is written, when the schema cannot be encoded or is over
     :data:`MAX_SCHEMA_BYTES`. The temporary file is always a new one: whatever has its name
     (a leftover, or a symbolic link planted to redirect the write) is removed, not written
     through.
     """
-    raw = schema.to_bytes()
-    file, tmp = os.path.join(path, SCHEMA_FILE), tmp_name(path)
-    try:
-        os.unlink(tmp)  # never follows a link: removes the link itself
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o666)
-    try:
-        try:
-            view = memoryview(raw)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, file)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(path)
+    _native.replace_file(path, SCHEMA_FILE, schema.to_bytes())
 
 
 def fsync_dir(path: str) -> None:

@@ -32,6 +32,13 @@ fn num_threads() -> usize {
     zrecord::pool::num_threads()
 }
 
+/// Replaces `dir/name` with `data` durably and atomically (temporary file, sync, rename, sync
+/// of the directory), through the engine's one durable-write routine.
+#[pyfunction]
+fn replace_file(py: Python<'_>, dir: std::path::PathBuf, name: &str, data: &[u8]) -> PyResult<()> {
+    exit::detach(py, || zrecord::disk::replace_file(&dir, name, data)).map_err(errors::to_py)
+}
+
 /// The canonical name of the codec `name` (`zstdict` is the reference's spelling of
 /// `zstd_dict`), or `LoaderxValueError` naming the codecs there are.
 #[pyfunction]
@@ -52,11 +59,12 @@ fn canonical_codec(name: &Bound<'_, PyAny>) -> PyResult<&'static str> {
 
 #[pymodule(gil_used = false)]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<store::PyStore>()?;
+    m.add_class::<store::Zrecord>()?;
     sampler::register(m)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_codec, m)?)?;
+    m.add_function(wrap_pyfunction!(replace_file, m)?)?;
     m.add_function(wrap_pyfunction!(exit::begin_exit, m)?)?;
     #[cfg(feature = "bench")]
     bench::register(m)?;

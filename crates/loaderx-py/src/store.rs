@@ -26,13 +26,13 @@ fn codec(name: &str) -> PyResult<Codec> {
 /// inside a call must still be able to use it): closing flips a flag, and the engine's handle
 /// (its maps and files) lives until the Python object is collected.
 #[pyclass(name = "Zrecord", module = "loaderx._native", frozen)]
-pub struct PyStore {
+pub struct Zrecord {
     store: Store,
     closed: AtomicBool,
     path: String,
 }
 
-impl PyStore {
+impl Zrecord {
     fn get(&self) -> PyResult<&Store> {
         if self.closed.load(Ordering::Acquire) {
             return Err(crate::errors::closed());
@@ -42,7 +42,7 @@ impl PyStore {
 }
 
 #[pymethods]
-impl PyStore {
+impl Zrecord {
     #[new]
     #[pyo3(signature = (path, codec_name = "zstd", chunk_capacity = None))]
     fn new(
@@ -57,7 +57,7 @@ impl PyStore {
         }
         let p = path.clone();
         let store = detach(py, move || Store::open(p, options)).py()?;
-        Ok(PyStore { store, closed: AtomicBool::new(false), path })
+        Ok(Zrecord { store, closed: AtomicBool::new(false), path })
     }
 
     #[getter]

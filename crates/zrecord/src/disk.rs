@@ -298,6 +298,13 @@ impl Disk {
     }
 }
 
+/// Replaces `dir/name` with `data`, durably and atomically (see [`Disk::write_durably`]): for
+/// the files beside a store that the engine does not own (the Python layer's
+/// `schema.msgpack`), so that every durable write of the project goes through one routine.
+pub fn replace_file(dir: &Path, name: &str, data: &[u8]) -> Result<()> {
+    Disk::default().write_durably(dir, &dir.join(name), data, data.len() as u64)
+}
+
 /// Durable file creation, built from the changes above (so the journal sees every step).
 impl Disk {
     /// Creates `path` holding `data` at the start of a `len`-byte file (sparse past `data`) unless
