@@ -180,9 +180,13 @@ def cmd_copy(args: argparse.Namespace) -> int:
     _store_dir(args.src)
     r = copy(args.src, args.dst)
     print(f"{args.dst}: {r['records']} records, {r['bytes_copied']} bytes copied of "
-          f"{r['apparent_bytes']} apparent (holes kept); verified: {r['verify']['checked']} "
-          f"against checksums, {r['verify']['unchecked']} decoded without one")
+          f"{r['apparent_bytes']} apparent (holes kept); {_verified(r['verify'])}")
     return EXIT_OK
+
+
+def _verified(report: dict[str, Any]) -> str:
+    return (f"verified: {report['checked']} against checksums, {report['unchecked']} decoded "
+            "without one")
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
@@ -200,8 +204,7 @@ def cmd_unpack(args: argparse.Namespace) -> int:
 
     r = unpack(args.archive, args.dst)
     print(f"{args.dst}: {r['records']} records, {r['bytes_written']} bytes written (holes "
-          f"kept); verified: {r['verify']['checked']} against checksums, "
-          f"{r['verify']['unchecked']} decoded without one")
+          f"kept); {_verified(r['verify'])}")
     return EXIT_OK
 
 

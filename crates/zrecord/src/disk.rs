@@ -307,6 +307,16 @@ pub fn replace_file(dir: &Path, name: &str, data: &[u8]) -> Result<()> {
 
 /// Durable file creation, built from the changes above (so the journal sees every step).
 impl Disk {
+    /// Makes the new file `tmp` of `len` bytes (sparse past `data`) starting with `data`, synced.
+    fn fill_temporary(&self, tmp: &Path, data: &[u8], len: u64) -> std::io::Result<()> {
+        let f = self.create_exclusive(tmp)?;
+        if len > data.len() as u64 {
+            self.set_len(&f, tmp, len)?;
+        }
+        self.write_at(&f, tmp, 0, data)?;
+        self.sync_file(&f, tmp)
+    }
+
     /// Creates `path` holding `data` at the start of a `len`-byte file (sparse past `data`) unless
     /// it exists: built under a temporary name, synced, and renamed into place only if no other
     /// creator got there first (the first file made is the one every handle uses), so a concurrent
@@ -315,12 +325,7 @@ impl Disk {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
         let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
         let build = || -> std::io::Result<bool> {
-            let f = self.create_exclusive(&tmp)?;
-            if len > data.len() as u64 {
-                self.set_len(&f, &tmp, len)?;
-            }
-            self.write_at(&f, &tmp, 0, data)?;
-            self.sync_file(&f, &tmp)?;
+            self.fill_temporary(&tmp, data, len)?;
             self.rename_noreplace(&tmp, path)
         };
         let result = build();
@@ -339,12 +344,7 @@ impl Disk {
     pub fn write_durably(&self, dir: &Path, path: &Path, data: &[u8], len: u64) -> Result<()> {
         let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
         let write = || -> std::io::Result<()> {
-            let f = self.create_exclusive(&tmp)?;
-            if len > data.len() as u64 {
-                self.set_len(&f, &tmp, len)?;
-            }
-            self.write_at(&f, &tmp, 0, data)?;
-            self.sync_file(&f, &tmp)?;
+            self.fill_temporary(&tmp, data, len)?;
             self.rename(&tmp, path)
         };
         if let Err(e) = write() {
