@@ -148,3 +148,17 @@ def test_the_package_raises_only_its_own_errors():
                         and name not in ALLOWED_BUILTINS):
                     offenders.append(f"{path.name}:{node.lineno} raises {name}")
     assert not offenders, offenders
+
+
+def test_codec_names_come_from_the_engine():
+    """The engine's list is the one list: the type checkers' Literal, the CLI's choices and the
+    run-time check all agree with it, and the reference's spelling is still understood."""
+    from typing import get_args
+
+    from loaderx.zrecord import CODECS, Codec
+
+    assert CODECS == _native.CODECS == get_args(Codec)
+    assert _native.canonical_codec("zstdict") == "zstd_dict"
+    for bad in ("none", "lz4", 3, None):
+        with pytest.raises(errors.LoaderxValueError, match="unknown codec"):
+            _native.canonical_codec(bad)

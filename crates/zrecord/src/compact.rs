@@ -112,7 +112,8 @@ fn plan(live: &[(u64, RecordLoc)], capacity: u64) -> std::result::Result<Plan, u
 }
 
 impl Store {
-    /// Repacks the live records; see the module docs. Needs exclusive access.
+    /// Repacks the live records; see the module docs. Needs exclusive access. Validate, plan
+    /// ([`plan`], pure), move the bytes, commit the new frontier.
     pub fn compact(&self) -> Result<CompactReport> {
         let _guard = self.activity.exclusive("compact")?;
         let mut state = self.lock_writer()?;
@@ -138,13 +139,30 @@ impl Store {
         report.skipped = skipped;
         report.moved = moves.len() as u64;
 
+        self.move_all(moves, old_tail, &mut state)?;
+        // Empty records take their packed place before the frontier moves below their old one
+        // (their new place is below both frontiers, so either header finds them in the data).
+        self.repoint(&BTreeSet::new(), relabels.iter().map(|m| (m, m.dest)))?;
+        report.chunks_removed = self.commit_packing(packed, old_tail, &mut state)?;
+        report.chunk_bytes_after = packed.chunk * capacity + packed.offset;
+        Ok(report)
+    }
+
+    /// Moves the records in batches of at most [`BATCH_BYTES`], each staged past the old
+    /// frontier `old_tail` (staging space is reused by the next batch).
+    fn move_all(
+        &self,
+        moves: Vec<Move>,
+        old_tail: (u64, u64),
+        state: &mut WriterState,
+    ) -> Result<()> {
         let mut batch = Batch::default();
-        let staging_start = Frontier::new(old_tail.0, old_tail.1, capacity);
+        let staging_start = Frontier::new(old_tail.0, old_tail.1, self.chunks.capacity());
         let mut stage = staging_start;
         for m in moves {
             let size = u64::from(m.old.phys_length);
             if !batch.moves.is_empty() && batch.bytes.len() as u64 + size > BATCH_BYTES {
-                self.move_batch(&std::mem::take(&mut batch), &mut state)?;
+                self.move_batch(&std::mem::take(&mut batch), state)?;
                 stage = staging_start;
             }
             let place = stage.place(size).ok_or(Error::LimitExceeded {
@@ -161,35 +179,43 @@ impl Store {
             chunk.read_into(u64::from(m.old.offset), &mut batch.bytes[at..])?;
             batch.moves.push((m, place));
         }
-        if !batch.moves.is_empty() {
-            self.move_batch(&batch, &mut state)?;
+        if batch.moves.is_empty() {
+            return Ok(());
         }
+        self.move_batch(&batch, state)
+    }
 
-        // Empty records take their packed place before the frontier moves below their old one
-        // (their new place is below both frontiers, so either header finds them in the data).
-        self.repoint(&BTreeSet::new(), relabels.iter().map(|m| (m, m.dest)))?;
+    /// The commit: the header names the packed frontier (synced), then the space past it goes
+    /// (chunk files past it removed, the rest of its chunk punched out). Returns the number of
+    /// chunk files removed.
+    fn commit_packing(
+        &self,
+        packed: Frontier,
+        old_tail: (u64, u64),
+        state: &mut WriterState,
+    ) -> Result<u64> {
         self.failpoints.hit("compact:before-header").map_err(Error::internal)?;
         let (chunk, offset) = packed.at();
         (state.tail_chunk, state.tail_offset) = (chunk, offset);
         state.dirty_table = true;
-        self.sync_locked(&mut state)?;
+        self.sync_locked(state)?;
         // Only now that the header names the new frontier may the space past it go, including
         // staging chunks left behind by an earlier, interrupted run. Readers elsewhere may still
         // hold entries that point there: they read again.
         self.epoch.bump_moves();
+        let mut removed = 0;
         let mut id = chunk + 1;
         while id < MAX_CHUNKS
             && (id <= old_tail.0 + 1 || self.dir.join(chunk_file_name(id)).exists())
         {
-            report.chunks_removed += u64::from(self.chunks.remove(id)?);
+            removed += u64::from(self.chunks.remove(id)?);
             id += 1;
         }
         // Holes, not truncation: a reader that maps the file must never find a page gone.
         if let Ok(c) = self.chunks.get(chunk) {
             c.punch_from(offset)?;
         }
-        report.chunk_bytes_after = chunk * capacity + offset;
-        Ok(report)
+        Ok(removed)
     }
 
     /// Moves one batch through staging; see the module docs for the order of steps.
