@@ -4,6 +4,7 @@
 //! exported its memory can be neither freed nor resized, so the slice stays valid even with the
 //! GIL released. Python code that writes the same memory from another thread at the same time
 //! races with us exactly as it would with any `NumPy` operation that releases the GIL.
+#![expect(unsafe_code, reason = "views of exported Python buffers as slices")]
 
 use pyo3::buffer::{Element, PyBuffer};
 use pyo3::prelude::*;

@@ -2,6 +2,8 @@
 //! releases the GIL around engine calls and maps errors; the engines are `zrecord` and
 //! `zsampler`, the user-facing API is the Python package.
 
+// The binding's only `unsafe` is in buffers.rs, which says why.
+#![deny(unsafe_code)]
 #![allow(
     clippy::needless_pass_by_value,
     reason = "pyo3 hands #[pyfunction] arguments over by value, and map_err callbacks take the \

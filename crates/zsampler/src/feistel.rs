@@ -396,7 +396,10 @@ mod x86 {
     }
 
     /// [`Permutation::fill`] for `k <= 32` in the widest vectors the CPU supports.
-    #[allow(unsafe_code)]
+    #[expect(
+        unsafe_code,
+        reason = "calls the AVX-512BW build of the loop after checking the CPU has it"
+    )]
     pub(super) fn fill_narrow(p: &Permutation, q0: u64, out: &mut [u64]) {
         match level() {
             // SAFETY: `level` returns AVX512 only when AVX-512F/BW were detected at runtime.
@@ -410,7 +413,7 @@ mod x86 {
         use super::*;
 
         #[test]
-        #[allow(unsafe_code)]
+        #[expect(unsafe_code, reason = "runs the AVX-512BW path directly when the CPU has it")]
         fn every_path_writes_the_same_values() {
             if !std::is_x86_feature_detected!("avx512bw") {
                 return;
