@@ -232,3 +232,18 @@ def test_copy_keeps_holes_and_verifies(tmp_path, npy):
     assert_clean_error(run("copy", str(src), str(tmp_path / "c2")), 2, "StoreBusyError")
     writer.close()
     assert not (tmp_path / "c2").exists()
+
+
+def test_info_names_the_dtype_and_summarizes_ragged_rows(tmp_path):
+    rng = np.random.default_rng(4)
+    records = [rng.normal(size=(int(n), 3)).astype(np.float16)
+               for n in rng.integers(0, 40, size=301)]
+    from_iterator(tmp_path / "r", records)
+    rows = np.array([len(r) for r in records])
+    info = json.loads(run("info", str(tmp_path / "r"), "--json").stdout)
+    assert info["dtype_name"] == "float16" and info["dtype"] == "<f2"
+    assert info["rows"] == {"min": int(rows.min()), "median": float(np.median(rows)),
+                            "max": int(rows.max()), "mean": float(rows.mean())}
+    text = run("info", str(tmp_path / "r")).stdout
+    assert "dtype float16 (<f2)" in text
+    assert f"rows/record  min {rows.min()}  median {np.median(rows)}  max {rows.max()}" in text

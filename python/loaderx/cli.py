@@ -73,11 +73,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     info: dict[str, Any] = {"path": os.path.abspath(path)}
     s = _dataset_schema(path)
     if s is not None:
-        info.update(kind=s.kind, dtype=s.dtype.str, item_shape=list(s.item_shape), codec=s.codec)
+        info.update(kind=s.kind, dtype=s.dtype.str, dtype_name=s.dtype.name,
+                    item_shape=list(s.item_shape), codec=s.codec)
     else:
-        info.update(kind="raw", dtype=None, item_shape=None, codec=None)
+        info.update(kind="raw", dtype=None, dtype_name=None, item_shape=None, codec=None)
     with _open(path) as z:
         st = z.stats()
+        if s is not None and s.kind == "ragged" and st["records"]:
+            info["rows"] = _row_stats(z, s)
     info.update(records=st["records"], live_bytes=st["live_bytes"],
                 logical_bytes=st["logical_bytes"], chunk_bytes=st["chunk_bytes"],
                 reclaimable=st["reclaimable"], chunks=st["chunks"],
@@ -89,8 +92,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     shape = "" if info["item_shape"] is None else f"  item shape {tuple(info['item_shape'])}"
     lines = [
         f"store        {info['path']}",
-        f"kind         {info['kind']}" + (f"  dtype {info['dtype']}{shape}" if info["dtype"]
-                                         else "  (no schema.msgpack: byte records)"),
+        f"kind         {info['kind']}"
+        + (f"  dtype {info['dtype_name']} ({info['dtype']}){shape}" if info["dtype"]
+           else "  (no schema.msgpack: byte records)"),
         f"codec        {info['codec'] or '-'} (last conversion); "
         f"{info['compressed_records']} of {info['records']} records stored compressed",
         f"records      {info['records']}",
@@ -101,8 +105,27 @@ def cmd_info(args: argparse.Namespace) -> int:
         f"dictionary   {_size(info['dict_bytes']) if info['dict_bytes'] else 'none'}",
         f"checksums    {'yes (sums.zr)' if info['checksums'] else 'no'}",
     ]
+    if "rows" in info:
+        r = info["rows"]
+        lines.insert(4, f"rows/record  min {r['min']}  median {r['median']}  max {r['max']}  "
+                        f"mean {r['mean']:.1f}")
     print("\n".join(lines))
     return EXIT_OK
+
+
+def _row_stats(z: Any, s: Any) -> dict[str, float]:
+    """Rows (first-axis length) per record of a ragged store, from the table alone (no record
+    is read): min, median, max and mean."""
+    n = len(z)
+    rows = np.empty(n, np.uint64)
+    step = 1 << 20
+    for start in range(0, n, step):  # bounded memory for the index array
+        idx = np.arange(start, min(n, start + step), dtype=np.uint64)
+        rows[start:start + len(idx)] = z.lengths(idx)
+    unit = max(1, s.item_bytes)
+    rows //= np.uint64(unit)
+    return {"min": int(rows.min()), "median": float(np.median(rows)), "max": int(rows.max()),
+            "mean": float(rows.mean())}
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
