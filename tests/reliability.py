@@ -45,6 +45,18 @@ def check_record(index: int, rec: bytes) -> str | None:
     return None
 
 
+def stepper(outcome: dict[str, str]) -> Callable[[str, Callable[[], object]], None]:
+    """``step(name, fn)`` for child scripts: runs ``fn`` and files ``"ok"`` or the exception's
+    type and message under ``name`` in ``outcome``."""
+    def step(name: str, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+            outcome[name] = "ok"
+        except Exception as e:
+            outcome[name] = f"{type(e).__name__}: {e}"
+    return step
+
+
 def read_records(z, idx: np.ndarray) -> list[bytes]:
     lens = z.lengths(idx).astype(np.uint64)
     offsets = np.zeros(len(idx), dtype=np.uint64)

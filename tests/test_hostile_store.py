@@ -51,12 +51,7 @@ outcome = {}
 if mode == "ro" and os.access(os.path.join(path, "meta.zr"), os.W_OK):
     outcome["not read-only"] = "AssertionError: meta.zr is writable"
 
-def step(name, fn):
-    try:
-        fn()
-        outcome[name] = "ok"
-    except Exception as e:
-        outcome[name] = f"{type(e).__name__}: {e}"
+step = rel.stepper(outcome)
 
 z = None
 def open_():
@@ -256,12 +251,7 @@ os.symlink(os.path.join(out, "never-created"), os.path.join(path, f".meta.zr.{pi
 outcome = {}
 z = None
 
-def step(name, fn):
-    try:
-        fn()
-        outcome[name] = "ok"
-    except Exception as e:
-        outcome[name] = f"{type(e).__name__}: {e}"
+step = rel.stepper(outcome)
 
 def open_():
     global z
