@@ -57,8 +57,10 @@ class _SparseBody(io.RawIOBase):
         numbers = [len(regions)] + [n for region in regions for n in region]
         head = "".join(f"{n}\n" for n in numbers).encode()
         self.head = head + bytes(-len(head) % tarfile.BLOCKSIZE)
-        self.fd, self.regions, self.sent = fd, regions, 0
+        self.fd, self.regions = fd, [r for r in regions if r[1]]
         self.size = len(self.head) + sum(length for _, length in regions)
+        self.sent = 0
+        self.region, self.into = 0, 0  # the data region being sent, and how far into it
 
     def readable(self) -> bool:
         return True
@@ -66,20 +68,17 @@ class _SparseBody(io.RawIOBase):
     def read(self, n: int = -1) -> bytes:
         n = self.size - self.sent if n < 0 else min(n, self.size - self.sent)
         out = bytearray()
+        if self.sent < len(self.head):
+            out += self.head[self.sent:self.sent + n]
         while len(out) < n:
-            at = self.sent + len(out)
-            if at < len(self.head):
-                out += self.head[at:at + n - len(out)]
-                continue
-            at -= len(self.head)
-            for start, length in self.regions:  # the region holding body offset `at`
-                if at < length:
-                    piece = os.pread(self.fd, min(n - len(out), length - at), start + at)
-                    if not piece:
-                        raise CorruptStoreError("a store file shrank while it was packed")
-                    out += piece
-                    break
-                at -= length
+            start, length = self.regions[self.region]
+            piece = os.pread(self.fd, min(n - len(out), length - self.into), start + self.into)
+            if not piece:
+                raise CorruptStoreError("a store file shrank while it was packed")
+            out += piece
+            self.into += len(piece)
+            if self.into == length:
+                self.region, self.into = self.region + 1, 0
         self.sent += len(out)
         return bytes(out)
 
