@@ -85,6 +85,16 @@ def use(path: pathlib.Path, mode: str) -> dict[str, str]:
     return json.loads(r.stdout.splitlines()[-1])
 
 
+def assert_refused_as_corrupt(path: pathlib.Path, mode: str, outside) -> None:
+    """Using the store ``path`` fails first with CorruptStoreError, every later step fails
+    cleanly, and nothing outside the store changes."""
+    outside.snapshot()
+    outcome = use(path, mode)
+    assert first_error(outcome) == "CorruptStoreError", outcome
+    assert_only_clean_errors(outcome)
+    outside.assert_unchanged()
+
+
 def first_error(outcome: dict[str, str]) -> str:
     """The class name of the first failed step ("" if none failed)."""
     return next((v.split(":")[0] for v in outcome.values() if v != "ok"), "")
@@ -183,11 +193,7 @@ def test_store_file_replaced_by_a_link_or_a_fifo(root, outside, name, mode, kind
         (path / name).unlink()
         os.mkfifo(path / name, 0o666)
     read_only_for_non_root(path)
-    outside.snapshot()
-    outcome = use(path, mode)
-    assert first_error(outcome) == "CorruptStoreError", outcome
-    assert_only_clean_errors(outcome)
-    outside.assert_unchanged()
+    assert_refused_as_corrupt(path, mode, outside)
 
 
 @pytest.mark.parametrize("mode", ["rw", "ro"])
@@ -197,11 +203,7 @@ def test_dict_symlinked_to_dev_zero(root, outside, mode):
     (path / "dict.zr").unlink()
     (path / "dict.zr").symlink_to("/dev/zero")
     read_only_for_non_root(path)
-    outside.snapshot()
-    outcome = use(path, mode)
-    assert first_error(outcome) == "CorruptStoreError", outcome
-    assert_only_clean_errors(outcome)
-    outside.assert_unchanged()
+    assert_refused_as_corrupt(path, mode, outside)
 
 
 def test_dict_over_32_mib(root, outside):
@@ -209,12 +211,8 @@ def test_dict_over_32_mib(root, outside):
     make_store(path)
     with open(path / "dict.zr", "r+b") as f:
         f.truncate(33 << 20)  # sparse: the size is the point, not the bytes
-    outside.snapshot()
-    outcome = use(path, "rw")
-    assert first_error(outcome) == "CorruptStoreError", outcome
-    assert_only_clean_errors(outcome)
+    assert_refused_as_corrupt(path, "rw", outside)
     assert (path / "dict.zr").stat().st_size == 33 << 20
-    outside.assert_unchanged()
 
 
 @pytest.mark.parametrize("length", [5_000_000, MAX_RECORDS, MAX_RECORDS + 1, 2**32 - 1])

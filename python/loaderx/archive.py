@@ -25,13 +25,12 @@ import zlib
 from typing import Any, Literal
 
 from loaderx import _schema
-from loaderx.copying import data_regions, held_still, store_files, verified
+from loaderx.copying import data_regions, held_still, store_files, verified, write_sparse
 from loaderx.errors import CorruptStoreError, DatasetError
 
 __all__ = ["pack", "unpack"]
 
 _BLOCK = 64 << 10  # also the granularity at which runs of zeros become holes
-_ZEROS = bytes(_BLOCK)
 _STORE_FILE = re.compile(r"(meta|gen|sums|dict)\.zr|[0-9]{1,9}\.zr|schema\.msgpack")
 
 
@@ -217,23 +216,15 @@ def _extract_file(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> i
         raise CorruptStoreError(f"{member.name!r} has no contents")
     # A sparse member names its data regions; any other is read whole, zero blocks skipped.
     regions = getattr(member, "sparse", None) or [(0, member.size)]
-    written = 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        os.ftruncate(fd, member.size)
-        with source:
-            for start, length in regions:
-                source.seek(start)
-                at, end = start, start + length
-                while at < end:
-                    block = source.read(min(_BLOCK, end - at))
-                    if not block:
-                        raise CorruptStoreError(f"{member.name!r} is cut short in the archive")
-                    if block != (_ZEROS if len(block) == _BLOCK else bytes(len(block))):
-                        os.pwrite(fd, block, at)
-                        written += len(block)
-                    at += len(block)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return written
+
+    def read_at(at: int, n: int) -> bytes:
+        if source.tell() != at:  # the start of the next region
+            source.seek(at)
+        block = source.read(n)
+        if not block:
+            raise CorruptStoreError(f"{member.name!r} is cut short in the archive")
+        return block
+
+    with source:
+        return write_sparse(path, member.size, regions, read_at, block=_BLOCK,
+                            zeros_as_holes=True)

@@ -16,14 +16,14 @@ import contextlib
 import errno
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from loaderx import _schema
 from loaderx.errors import CorruptStoreError, DatasetError
 from loaderx.zrecord import Zrecord
 
-__all__ = ["copy", "data_regions", "held_still", "store_files", "verified"]
+__all__ = ["copy", "data_regions", "held_still", "store_files", "verified", "write_sparse"]
 
 _BLOCK = 8 << 20
 
@@ -45,31 +45,43 @@ def data_regions(fd: int, size: int) -> Iterator[tuple[int, int]]:
         at = end
 
 
+def write_sparse(path: str, size: int, regions: Iterable[tuple[int, int]],
+                 read_at: Callable[[int, int], bytes], *, block: int = _BLOCK,
+                 zeros_as_holes: bool = False) -> int:
+    """Creates the new file ``path`` of ``size`` bytes (never through a link) and fills each
+    ``(start, length)`` region from ``read_at(offset, n)``, which returns at most ``n`` bytes
+    (``b""`` ends the region early); the rest stays holes. With ``zeros_as_holes``, blocks of
+    zeros are left as holes too. Synced; returns the bytes written."""
+    written = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.ftruncate(fd, size)
+        for start, length in regions:
+            at, end = start, start + length
+            while at < end:
+                chunk = read_at(at, min(block, end - at))
+                if not chunk:
+                    break
+                if not (zeros_as_holes and chunk.count(0) == len(chunk)):
+                    os.pwrite(fd, chunk, at)
+                    written += len(chunk)
+                at += len(chunk)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return written
+
+
 def _copy_sparse(src: str, dst: str) -> int:
     """Copies the data regions of ``src`` into a new file ``dst`` of the same size; returns
     the bytes copied."""
-    copied = 0
     fin = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         size = os.fstat(fin).st_size
-        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        try:
-            os.ftruncate(fout, size)
-            for start, length in data_regions(fin, size):
-                end = start + length
-                while start < end:
-                    chunk = os.pread(fin, min(_BLOCK, end - start), start)
-                    if not chunk:
-                        break
-                    os.pwrite(fout, chunk, start)
-                    start += len(chunk)
-                    copied += len(chunk)
-            os.fsync(fout)
-        finally:
-            os.close(fout)
+        return write_sparse(dst, size, list(data_regions(fin, size)),
+                            lambda at, n: os.pread(fin, n, at))
     finally:
         os.close(fin)
-    return copied
 
 
 def store_files(src: str) -> list[str]:

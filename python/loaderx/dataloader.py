@@ -150,7 +150,7 @@ class DataLoader:
         for name, ds in streams.items():
             if isinstance(ds, (str, os.PathLike)):
                 raise LoaderxTypeError(f"stream {name!r} is a path; open it first: "
-                                f"DenseDataset({os.fspath(ds)!r})")
+                                       f"DenseDataset({os.fspath(ds)!r})")
             if not is_dense_source(ds):
                 raise LoaderxTypeError(
                     f"stream {name!r} is a {type(ds).__name__}; the DataLoader reads dense "
@@ -189,7 +189,7 @@ class DataLoader:
 
     def __len__(self) -> int:
         raise LoaderxTypeError("a DataLoader is endless and has no length; count steps instead, or "
-                        "use loader.epoch(), a finite pass that has one")
+                               "use loader.epoch(), a finite pass that has one")
 
     # -- finite passes -------------------------------------------------------------------------
 

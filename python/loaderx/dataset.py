@@ -56,13 +56,13 @@ def _indices(idx: Any, n: int) -> np.ndarray:
     if arr.dtype == np.bool_:
         if arr.shape != (n,):
             raise LoaderxIndexError(f"boolean index of shape {arr.shape} does not match the "
-                             f"dataset's length {n}")
+                                    f"dataset's length {n}")
         return np.flatnonzero(arr).astype(np.uint64)
     if arr.size == 0:
         return np.empty(arr.shape, dtype=np.uint64)
     if arr.dtype.kind not in "iu":
         raise LoaderxIndexError(f"dataset indices must be integers, got {arr.dtype} "
-                         f"({_short(idx)})")
+                                f"({_short(idx)})")
     if arr.dtype.kind == "i":
         lo = int(arr.min())
         if lo < -n:
