@@ -14,8 +14,9 @@ from loaderx.concat import ConcatDataset
 from loaderx.converter import from_iterator, from_numpy
 from loaderx.dataloader import DataLoader
 from loaderx.dataset import DenseDataset
-from loaderx.errors import DatasetError
+from loaderx.errors import CorruptStoreError, DatasetError
 from loaderx.sampler import Sampler
+from loaderx.zrecord import Zrecord
 
 SIZES = (7, 1, 30, 12)
 PARTS = [np.arange(n * 6, dtype=np.float32).reshape(n, 2, 3) + 1000 * k
@@ -110,3 +111,32 @@ def test_open_datasets_can_be_parts(paths):
     parts = [DenseDataset(p) for p in paths]
     with ConcatDataset(parts) as ds:
         np.testing.assert_array_equal(ds[:], ALL)
+
+
+def test_a_pickled_view_keeps_each_parts_verify_reads(tmp_path):
+    """A part opened with verify_reads=True stays checked after pickling (the view reopened
+    its parts with its own verify_reads, False, and read a damaged record silently)."""
+    data = np.arange(40 * 8, dtype=np.int32).reshape(40, 8)
+    from_numpy(tmp_path / "a", data, codec="raw", checksums=True)
+    from_numpy(tmp_path / "b", data, codec="raw")
+    with Zrecord(tmp_path / "a") as z:
+        at = int(z.lengths(np.arange(5, dtype=np.uint64)).sum()) + 3  # inside record 5
+    with open(tmp_path / "a" / "0.zr", "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x40]))
+    view = ConcatDataset([DenseDataset(tmp_path / "a", verify_reads=True), tmp_path / "b"])
+    for ds in (view, pickle.loads(pickle.dumps(view))):
+        assert [p.verify_reads for p in ds.parts] == [True, False]
+        with pytest.raises(CorruptStoreError, match="checksum"):
+            ds[5]
+        np.testing.assert_array_equal(ds[45], data[5])  # the unchecked part is intact
+        ds.close()
+    checked = ConcatDataset([tmp_path / "a"], verify_reads=True)
+    clone = pickle.loads(pickle.dumps(checked))
+    assert clone.verify_reads and clone.parts[0].verify_reads
+    with pytest.raises(CorruptStoreError):
+        clone[5]
+    for ds in (checked, clone):
+        ds.close()

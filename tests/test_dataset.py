@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -217,3 +219,65 @@ def test_reference_fixtures_read_through_the_datasets(reference_stores, manifest
         else:
             with pytest.raises(DatasetError):
                 DenseDataset(path)
+
+
+SPAWN_AFTER_CHDIR = '''
+import multiprocessing as mp
+import os
+import sys
+
+import numpy as np
+
+from loaderx import ConcatDataset, DenseDataset, RaggedDataset
+
+
+def read(ds):
+    if isinstance(ds, RaggedDataset):
+        return [r.tolist() for r in ds[:]]
+    return ds[:].tolist()
+
+
+def settings(ds):
+    return [part.verify_reads for part in ds.parts]
+
+
+if __name__ == "__main__":
+    here, elsewhere = sys.argv[1:3]
+    os.chdir(here)
+    opened = [DenseDataset("d"), RaggedDataset("r"), ConcatDataset(["d", "d"]),
+              DenseDataset("d").subset([2, 0])]
+    checked = ConcatDataset([DenseDataset("d", verify_reads=True), "d"])
+    want = [read(ds) for ds in opened]
+    os.chdir(elsewhere)  # holds datasets of the same names, with other records
+    with mp.get_context("spawn").Pool(1) as pool:
+        got = pool.map(read, opened)
+        kept = pool.apply(settings, (checked,))
+    assert got == want, (got, want)
+    assert kept == [True, False], kept
+    assert all(os.path.isabs(ds.path) for ds in opened[:2]), [ds.path for ds in opened]
+    print("same")
+'''
+
+
+def test_a_spawn_worker_after_chdir_reads_the_same_datasets(tmp_path):
+    """Datasets keep absolute paths: a spawn worker started after os.chdir into a directory with
+    namesakes reads the parent's datasets (it read the namesakes, silently), and pickled
+    settings (verify_reads of each part) survive."""
+    for name, value in (("here", 1), ("elsewhere", 7)):
+        from_numpy(tmp_path / name / "d", np.full((3, 2), value, np.int32))
+        from_iterator(tmp_path / name / "r", [np.arange(value, dtype=np.int16)])
+    script = tmp_path / "spawn_after_chdir.py"
+    script.write_text(SPAWN_AFTER_CHDIR)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "here"),
+                        str(tmp_path / "elsewhere")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "same"
+
+
+def test_a_dataset_path_is_absolute(tmp_path, monkeypatch):
+    from_numpy(tmp_path / "d", np.zeros(2, np.int8))
+    monkeypatch.chdir(tmp_path)
+    with DenseDataset("d") as ds:
+        assert ds.path == str(tmp_path / "d") and not ds.verify_reads
+        assert pickle.loads(pickle.dumps(ds)).path == str(tmp_path / "d")

@@ -14,7 +14,8 @@ The view is read-only (write to the parts). Dense parts make a dense view, which
 :class:`~loaderx.dataloader.DataLoader` accepts like a :class:`~loaderx.dataset.DenseDataset`;
 ragged parts make a ragged view whose items are lists of arrays. Record ``i`` of the view is
 record ``i - start(k)`` of the part ``k`` that holds it; the parts' lengths are read once, when
-the view is made (appending to a part later does not grow the view).
+the view is made (appending to a part later does not grow the view). A view pickles as its
+parts do: by absolute path, each with its own ``verify_reads``.
 """
 
 from __future__ import annotations
@@ -110,7 +111,14 @@ class ConcatDataset:
         self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_reopen, ([p.path for p in self._parts], self._verify_reads))
+        # The parts themselves: each pickles with its own absolute path and settings (a part
+        # opened by the caller keeps its verify_reads, whatever this view's flag says).
+        return (_reopen, (self._parts, self._verify_reads))
+
+    @property
+    def verify_reads(self) -> bool:
+        """The ``verify_reads`` given for the parts opened from paths."""
+        return self._verify_reads
 
     def __repr__(self) -> str:
         return (f"ConcatDataset({len(self._parts)} parts, records={self._len}, kind={self.kind}, "
@@ -198,5 +206,5 @@ class ConcatDataset:
         return out
 
 
-def _reopen(paths: list[str], verify_reads: bool) -> ConcatDataset:
-    return ConcatDataset(paths, verify_reads=verify_reads)
+def _reopen(parts: list[Any], verify_reads: bool) -> ConcatDataset:
+    return ConcatDataset(parts, verify_reads=verify_reads)

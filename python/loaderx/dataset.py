@@ -19,8 +19,10 @@ store (written by :func:`loaderx.converter.from_iterator`) into a list of arrays
        [ 0, -1, -1],
        [ 0,  1, -1]], dtype=int32), array([3, 1, 2]))
 
-Datasets pickle by path, so they travel to worker processes started with ``spawn`` or
-``forkserver``, which reopen the store; they also keep working in ``fork``-ed children.
+Datasets pickle by their absolute path (resolved when they are opened, so a worker whose working
+directory differs reopens the same store) and their settings (``verify_reads``), so they travel
+to worker processes started with ``spawn`` or ``forkserver``, which reopen the store; they also
+keep working in ``fork``-ed children.
 """
 
 from __future__ import annotations
@@ -100,7 +102,9 @@ class _StoreView:
     _kind = ""
 
     def __init__(self, path: str | os.PathLike[str], *, verify_reads: bool = False) -> None:
-        self._path = os.fspath(path)
+        # Absolute from the start: a pickled dataset reopened in a worker whose working
+        # directory differs (spawn after os.chdir) must read this dataset, not a namesake.
+        self._path = os.path.abspath(os.fspath(path))
         self._verify_reads = bool(verify_reads)
         schema = _schema.read(self._path)
         if schema.kind != self._kind:
@@ -112,8 +116,13 @@ class _StoreView:
 
     @property
     def path(self) -> str:
-        """The dataset directory."""
+        """The dataset directory, absolute (resolved against the working directory at open)."""
         return self._path
+
+    @property
+    def verify_reads(self) -> bool:
+        """Whether every read is checked against the store's checksums."""
+        return self._verify_reads
 
     @property
     def dtype(self) -> np.dtype:
