@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from loaderx import DataLoader, from_iterator, from_numpy, split
 from loaderx.concat import ConcatDataset
 from loaderx.dataset import DenseDataset, RaggedDataset
+from loaderx.errors import LoaderxValueError
 from loaderx.subset import Subset
 
 DATA = np.arange(120 * 6, dtype=np.float32).reshape(120, 2, 3)
@@ -111,3 +112,31 @@ def test_a_loader_over_subsets(dense, tmp_path):
         with pytest.raises(ValueError, match="other subsets"):
             different.load_state_dict(state)
     assert isinstance(train, Subset) and train.kind == "dense"
+
+
+def test_split_of_aligned_streams_keeps_records_paired(dense, tmp_path):
+    """split({"x": x, "y": y}, ...) cuts every stream at the same indices: each part is a dict
+    of subsets whose records stay paired (two separate calls with different seeds paired
+    images with other images' labels, silently)."""
+    labels = np.arange(120, dtype=np.int64) * 3
+    from_numpy(tmp_path / "y", labels)
+    y = DenseDataset(tmp_path / "y")
+    parts = split({"x": dense, "y": y}, [0.8, 0.2], seed=5)
+    assert [sorted(p) for p in parts] == [["x", "y"], ["x", "y"]]
+    assert [len(p["x"]) for p in parts] == [96, 24]
+    alone = split(dense, [0.8, 0.2], seed=5)
+    for part, single in zip(parts, alone, strict=True):
+        assert isinstance(part["x"], Subset) and isinstance(part["y"], Subset)
+        np.testing.assert_array_equal(part["x"].indices, part["y"].indices)
+        np.testing.assert_array_equal(part["x"].indices, single.indices)  # the same cut
+        np.testing.assert_array_equal(part["y"][:], labels[part["x"].indices.astype(int)])
+    (train, _) = parts
+    with DataLoader(train, batch_size=16, seed=2, num_workers=1) as loader:
+        batch = next(loader)
+        np.testing.assert_array_equal(batch["y"], batch["x"][:, 0, 0].astype(np.int64) // 2)
+    from_numpy(tmp_path / "short", labels[:100])
+    with pytest.raises(LoaderxValueError, match="one length"):
+        split({"x": dense, "y": DenseDataset(tmp_path / "short")}, [0.5, 0.5])
+    with pytest.raises(LoaderxValueError, match="empty"):
+        split({}, [0.5, 0.5])
+    y.close()

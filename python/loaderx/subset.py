@@ -5,7 +5,8 @@
 :class:`~loaderx.concat.ConcatDataset`, renumbered ``0..len(indices)``: indexing it is indexing
 the dataset at ``indices[i]``, in one gather. A dense subset is a :class:`~loaderx.dataloader.
 DataLoader` stream like the dataset itself. :func:`split` cuts a dataset into disjoint subsets
-of given fractions from a seeded permutation, the usual train/validation split.
+of given fractions from a seeded permutation, the usual train/validation split; given a dict of
+aligned streams it splits them all at the same indices, so images keep their labels.
 
 >>> import numpy as np, tempfile, os
 >>> from loaderx.converter import from_numpy
@@ -15,16 +16,21 @@ of given fractions from a seeded permutation, the usual train/validation split.
 >>> train, val = split(DenseDataset(path), [0.8, 0.2], seed=0)
 >>> len(train), len(val), sorted(set(train[:]) | set(val[:])) == list(range(0, 100, 10))
 (8, 2, True)
+>>> _ = from_numpy(path + "-twice", np.arange(10, dtype=np.int32) * 20)
+>>> train, val = split({"x": DenseDataset(path), "y": DenseDataset(path + "-twice")}, [0.8, 0.2])
+>>> bool((train["y"][:] == 2 * train["x"][:]).all()), len(val["x"]), len(val["y"])
+(True, 2, 2)
 
-Subsets pickle by the dataset's path and their indices, so they travel to worker processes.
+Subsets pickle by the dataset (its absolute path and settings) and their indices, so they
+travel to worker processes.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, overload
 
 import numpy as np
 
@@ -158,23 +164,49 @@ class Subset:
         self._base.gather_rows(self._indices[idxs], dst, shards, rows)
 
 
-def split(dataset: Any, fractions: Sequence[float], *, seed: int = 0) -> list[Subset]:
+@overload
+def split(dataset: Mapping[str, Any], fractions: Sequence[float], *,
+          seed: int = 0) -> list[dict[str, Subset]]: ...
+@overload
+def split(dataset: Any, fractions: Sequence[float], *, seed: int = 0) -> list[Subset]: ...
+
+
+def split(dataset: Any, fractions: Sequence[float], *, seed: int = 0) -> list[Any]:
     """Disjoint subsets of ``dataset`` of the given ``fractions`` of its records, drawn from a
     permutation seeded by ``seed`` (the same seed gives the same split), each subset's indices
     in ascending order. Fractions must be positive and add up to at most 1; the records left
-    over by rounding go to the first subsets, one each, when they add up to 1."""
+    over by rounding go to the first subsets, one each, when they add up to 1.
+
+    ``dataset`` may be a dict of aligned streams of one length (``{"x": images, "y":
+    labels}``): each part is then a dict of subsets at the same indices, so images keep their
+    labels -- ``[{"x": x_train, "y": y_train}, {"x": x_val, "y": y_val}]`` for
+    ``[0.8, 0.2]`` -- the way to split data held in several datasets (two separate calls pair
+    records wrongly unless both get the same seed)."""
     fr = [float(f) for f in fractions]
     if not fr or any(not f > 0 for f in fr) or sum(fr) > 1 + 1e-9:
         raise LoaderxValueError(
             f"fractions must be positive and add up to at most 1, got {fractions}")
-    n = len(dataset)
+    streams = dict(dataset) if isinstance(dataset, Mapping) else None
+    if streams is not None:
+        if not streams:
+            raise LoaderxValueError("split() got an empty dict; pass {name: dataset, ...}")
+        lengths = {name: len(ds) for name, ds in streams.items()}
+        if len(set(lengths.values())) != 1:
+            raise LoaderxValueError(
+                f"the streams to split must have one length (they are split at the same "
+                f"indices), got {lengths}")
+        n = next(iter(lengths.values()))
+    else:
+        n = len(dataset)
     counts = [int(f * n) for f in fr]
     if abs(sum(fr) - 1) <= 1e-9:
         for i in range(n - sum(counts)):
             counts[i % len(counts)] += 1
     order = np.random.default_rng(seed).permutation(n)
-    out, start = [], 0
+    parts, start = [], 0
     for c in counts:
-        out.append(Subset(dataset, np.sort(order[start:start + c]).astype(np.uint64)))
+        parts.append(np.sort(order[start:start + c]).astype(np.uint64))
         start += c
-    return out
+    if streams is None:
+        return [Subset(dataset, idx) for idx in parts]
+    return [{name: Subset(ds, idx) for name, ds in streams.items()} for idx in parts]
