@@ -161,7 +161,7 @@ def test_hostile_archives_are_refused_and_leave_nothing(tmp_path, members, needl
 
 def test_damaged_and_truncated_archives(tmp_path):
     (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)
-    with pytest.raises(CorruptStoreError, match="not a readable tar archive"):
+    with pytest.raises(CorruptStoreError, match="not a tar archive"):
         unpack(tmp_path / "junk.tar", tmp_path / "a")
     holey_store(tmp_path / "ds")
     pack(tmp_path / "ds", tmp_path / "ds.tar.gz")
@@ -202,10 +202,10 @@ def test_a_file_of_many_data_regions_round_trips(tmp_path):
     fd = os.open(path, os.O_RDONLY)
     try:
         with tarfile.open(tmp_path / "t.tar", "w", format=tarfile.PAX_FORMAT) as tar:
-            stored, size = _add_file(tar, fd, "top/holes.bin")
+            stored = _add_file(tar, fd, "top/holes.bin")
     finally:
         os.close(fd)
-    assert size == 9 << 20 and stored < 1 << 20
+    assert stored < 1 << 20
     with tarfile.open(tmp_path / "t.tar") as tar:
         member = tar.getmember("top/holes.bin")
         assert member.size == 9 << 20 and len(member.sparse) >= 4
