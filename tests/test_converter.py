@@ -99,7 +99,7 @@ def test_appending_to_an_existing_dataset(tmp_path):
     a = np.arange(30, dtype=np.float32).reshape(10, 3)
     b = -np.arange(6, dtype=np.float32).reshape(2, 3)
     assert from_numpy(tmp_path / "d", a, codec="raw") == 10
-    assert from_numpy(tmp_path / "d", b, codec="zstd") == 12  # the codec may change
+    assert from_numpy(tmp_path / "d", b, codec="zstd", append=True) == 12  # codec may change
     assert schema_of(tmp_path / "d")["codec"] == "zstd"
     with DenseDataset(tmp_path / "d") as ds:
         np.testing.assert_array_equal(ds[:], np.concatenate([a, b]))
@@ -196,7 +196,7 @@ def test_from_iterator_mismatch_midway_rolls_back(tmp_path):
         yield np.arange(3, dtype=np.int64)
 
     with pytest.raises(DatasetError, match="record 200"):
-        from_iterator(tmp_path / "r", source(), chunk_bytes=64)
+        from_iterator(tmp_path / "r", source(), chunk_bytes=64, append=True)
     with RaggedDataset(tmp_path / "r") as rs:
         assert len(rs) == 50
         assert all((r == np.arange(5)).all() for r in rs[:])
@@ -368,3 +368,166 @@ def test_progress_shows_the_dictionary_training_and_a_sized_total(tmp_path, monk
     assert "400/400 records" in err and "100.0%" in err
     from_numpy(tmp_path / "n", np.stack(recs), codec="zstd_dict", progress=True)
     assert "training the zstd dictionary..." in capsys.readouterr().err
+
+
+# -- issue 19: appends that were not asked for, and the safe creation path ---------------------
+
+
+def test_an_append_not_asked_for_warns_once_and_append_false_refuses(tmp_path):
+    """Re-running a conversion on the same path appends, as 0.9.11 does, but says so once per
+    path (naming append=True and overwrite=True); append=True is silent; append=False refuses
+    an existing dataset, and append=True with overwrite=True is a contradiction."""
+    import warnings
+
+    from loaderx.errors import AppendWarning, LoaderxValueError
+
+    a = np.arange(6, dtype=np.int32).reshape(3, 2)
+    from_numpy(tmp_path / "d", a)
+    with pytest.warns(AppendWarning, match=r"append=True.*overwrite=True"):
+        assert from_numpy(tmp_path / "d", a) == 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert from_numpy(tmp_path / "d", a) == 9  # once per path
+        assert from_numpy(tmp_path / "d", a, append=True) == 12
+        from_iterator(tmp_path / "r", [b"x"])
+        assert from_iterator(tmp_path / "r", [b"y"], append=True) == 2
+    with pytest.warns(AppendWarning):
+        from_iterator(tmp_path / "r", [b"z"])
+    before = snapshot(tmp_path / "d")
+    with pytest.raises(DatasetError, match="append=False"):
+        from_numpy(tmp_path / "d", a, append=False)
+    with pytest.raises(DatasetError, match="append=False"):
+        from_iterator(tmp_path / "r", [b"z"], append=False)
+    with pytest.raises(LoaderxValueError, match="contradict"):
+        from_numpy(tmp_path / "d", a, append=True, overwrite=True)
+    assert snapshot(tmp_path / "d") == before
+    assert from_numpy(tmp_path / "new", a, append=False) == 3  # nothing there: fine
+    assert from_numpy(tmp_path / "d", a, append=False, overwrite=True) == 3
+
+
+def test_an_append_keeps_the_schema_extra_keys(tmp_path):
+    from_numpy(tmp_path / "d", np.ones((2, 2), np.int8), schema={"source": "a", "n": 1})
+    from_numpy(tmp_path / "d", np.ones((2, 2), np.int8), schema={"n": 2}, append=True)
+    s = schema_of(tmp_path / "d")
+    assert s["source"] == "a" and s["n"] == 2
+
+
+@pytest.mark.parametrize("how", ["enospc", "directory-at-temporary-name"])
+def test_an_append_whose_schema_rewrite_fails_is_undone(tmp_path, monkeypatch, how):
+    """The schema rewrite is the last step of an append: when it fails, the appended records
+    go too, so a retry does not add them twice."""
+    from loaderx import _schema
+
+    first = np.arange(10, dtype=np.int64).reshape(5, 2)
+    more = -first
+    from_numpy(tmp_path / "d", first, codec="raw")
+    before = schema_of(tmp_path / "d")
+    if how == "enospc":
+        def full(path, schema):
+            raise OSError(28, "No space left on device", path)
+        monkeypatch.setattr(_schema, "write", full)
+    else:  # the engine's durable write refuses what it cannot remove at its temporary name
+        tmp = pathlib.Path(_schema.tmp_name(str(tmp_path / "d")))
+        tmp.mkdir()
+        (tmp / "x").write_text("x")
+    with pytest.raises(OSError):
+        from_numpy(tmp_path / "d", more, codec="zstd", append=True)
+    monkeypatch.undo()
+    if how != "enospc":
+        import shutil
+        shutil.rmtree(tmp)
+    with DenseDataset(tmp_path / "d") as ds:
+        assert len(ds) == 5
+    assert schema_of(tmp_path / "d") == before
+    assert from_numpy(tmp_path / "d", more, codec="zstd", append=True) == 10  # the retry
+    with DenseDataset(tmp_path / "d") as ds:
+        np.testing.assert_array_equal(ds[:], np.concatenate([first, more]))
+
+
+def test_a_failed_overwrite_leaves_the_old_dataset_writable(tmp_path, monkeypatch):
+    """The swap of an overwrite fails (here as onto a mount point: EBUSY): the old dataset is
+    neither retired nor changed, and later conversions can still append to it."""
+    from loaderx import _native
+
+    old = np.arange(8, dtype=np.int16).reshape(4, 2)
+    from_numpy(tmp_path / "d", old)
+    real_rename = os.rename
+
+    def busy(a, b, *args, **kw):
+        if os.path.abspath(os.fspath(b)) == str(tmp_path / "d") or \
+                os.path.abspath(os.fspath(a)) == str(tmp_path / "d"):
+            raise OSError(16, "Device or resource busy", os.fspath(b))
+        return real_rename(a, b, *args, **kw)
+
+    monkeypatch.setattr(os, "rename", busy)
+    monkeypatch.setattr(_native, "rename_exchange", busy, raising=False)
+    with pytest.raises((DatasetError, OSError), match="busy|mount point"):
+        from_numpy(tmp_path / "d", np.zeros((3, 2), np.int16), overwrite=True)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+    assert from_numpy(tmp_path / "d", old, append=True) == 8  # still writable
+    with DenseDataset(tmp_path / "d") as ds:
+        np.testing.assert_array_equal(ds[:], np.concatenate([old, old]))
+
+
+def test_a_symlink_planted_at_a_guessable_staging_name_is_not_followed(tmp_path):
+    """Conversions used to build in ``<path>.loaderx-new-<pid>`` and followed a link planted
+    there: the records (and the schema) landed in another directory."""
+    victim = tmp_path / "victim"
+    from_numpy(victim, np.ones((2, 2), np.float32))
+    before = snapshot(victim)
+    for name in (f"d.loaderx-new-{os.getpid()}", f"d.loaderx-new-{os.getpid()}.old",
+                 f".d.loaderx-new-{os.getpid()}", "d.tmp"):
+        os.symlink(victim, tmp_path / name)
+    from_numpy(tmp_path / "d", np.zeros((3, 2), np.float32))
+    from_numpy(tmp_path / "d", np.zeros((3, 2), np.float32), overwrite=True)
+    assert snapshot(victim) == before
+    with DenseDataset(tmp_path / "d") as ds:
+        np.testing.assert_array_equal(ds[:], np.zeros((3, 2), np.float32))
+
+
+@pytest.mark.parametrize("seen", [True, False], ids=["ismount", "only-ebusy"])
+def test_converting_into_an_empty_mount_point(tmp_path, monkeypatch, seen):
+    """An empty directory that is a mount point cannot be renamed onto or away (EBUSY, injected
+    here): the store is built inside it and its files moved in, meta.zr last -- whether
+    os.path.ismount says so up front or only the rename does."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    real_rename = os.rename
+
+    def rename(a, b, *args, **kw):
+        if str(mnt) in (os.path.abspath(os.fspath(a)), os.path.abspath(os.fspath(b))):
+            raise OSError(16, "Device or resource busy", os.fspath(b))
+        return real_rename(a, b, *args, **kw)
+
+    monkeypatch.setattr(os, "rename", rename)
+    if seen:
+        real = os.path.ismount
+        monkeypatch.setattr(os.path, "ismount", lambda p: os.path.abspath(p) == str(mnt)
+                            or real(p))
+    arr = np.arange(40, dtype=np.float64).reshape(10, 4)
+    assert from_numpy(mnt, arr, codec="zstd") == 10
+    assert from_numpy(mnt, arr, append=True) == 20
+    with DenseDataset(mnt) as ds:
+        np.testing.assert_array_equal(ds[:], np.concatenate([arr, arr]))
+    assert not [p for p in os.listdir(mnt) if "loaderx-" in p]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mnt"]
+    if seen:  # a swap there is refused before anything is built
+        with pytest.raises(DatasetError, match="mount point"):
+            from_numpy(mnt, arr, overwrite=True)
+        with DenseDataset(mnt) as ds:
+            assert len(ds) == 20
+
+
+def test_relative_paths_and_a_parent_of_dot(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    arr = np.arange(6, dtype=np.uint8).reshape(3, 2)
+    assert from_numpy("d", arr) == 3
+    assert from_numpy("./d/", arr, append=True) == 6
+    assert from_numpy("d", arr, overwrite=True) == 3
+    assert from_iterator("r", [b"ab", b"c"]) == 2
+    os.mkdir("sub")
+    assert from_numpy(os.path.join("sub", "x"), arr) == 3
+    assert sorted(os.listdir(".")) == ["d", "r", "sub"] and os.listdir("sub") == ["x"]
+    with DenseDataset("d") as ds:
+        np.testing.assert_array_equal(ds[:], arr)

@@ -11,7 +11,7 @@ along their first axis. Both write a Zrecord store plus ``schema.msgpack`` (see
 >>> path = os.path.join(tempfile.mkdtemp(), "points")
 >>> from_numpy(path, np.arange(12, dtype=np.float32).reshape(4, 3))
 4
->>> from_numpy(path, np.ones((2, 3), dtype=np.float32))   # same path: appends
+>>> from_numpy(path, np.ones((2, 3), dtype=np.float32), append=True)   # same path: appends
 6
 >>> DenseDataset(path)[[5, 0]]
 array([[1., 1., 1.],
@@ -20,23 +20,38 @@ array([[1., 1., 1.],
 Converting streams in chunks of about ``chunk_bytes``: a ``np.load(..., mmap_mode="r")`` array is
 read piece by piece and never held in memory whole. When a converter returns, what it wrote is
 durable; when it raises (bad data, a full disk, Ctrl-C), the records it had appended are removed
-again, so the store is left as it was.
+again, so the store is left as it was. A new dataset (also one replacing another with
+``overwrite=True``) is built in a private directory beside ``path`` and put in place by one
+atomic step (see :mod:`loaderx.staging`), so a kill or a power cut leaves ``path`` holding the
+old dataset or the new one, never a half-made one; the next conversion removes what it left.
+
+Appending to a dataset that exists is what loaderx 0.9.11 does when the same path is converted
+again; since re-running a script then doubles the data silently, a call that did not say
+``append=True`` warns once (:class:`~loaderx.errors.AppendWarning`), and ``append=False``
+refuses.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-import shutil
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sized
 from typing import Any
 
 import numpy as np
 
-from loaderx import _schema
-from loaderx.errors import DatasetError, LimitExceededError, LoaderxValueError
+from loaderx import _schema, copying, staging
+from loaderx.errors import (
+    AppendWarning,
+    DatasetError,
+    LimitExceededError,
+    LoaderxTypeError,
+    LoaderxValueError,
+)
 from loaderx.zrecord import MAX_RECORD_BYTES, MAX_RECORDS, Codec, Zrecord
 from loaderx.zrecord import _codec as _store_codec
 
@@ -59,6 +74,7 @@ def from_numpy(
     schema: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     *,
+    append: bool | None = None,
     progress: bool | None = None,
     checksums: bool = False,
 ) -> int:
@@ -71,7 +87,11 @@ def from_numpy(
     adapts to the data, capped by ``dict_size``). ``schema`` adds extra keys to
     ``schema.msgpack``; reserved keys (``kind``, ``dtype``, ``item_shape``, ...) must agree with
     the data. If ``path`` already holds a dense dataset of the same dtype and item shape, the
-    records are appended to it (the codec may differ); ``overwrite=True`` replaces it instead.
+    records are appended to it (the codec may differ; the schema keeps its extra keys, and
+    those given update them); ``overwrite=True`` replaces it instead. ``append=True`` says
+    the append is meant; ``append=None`` (the default) appends too, as loaderx 0.9.11 does,
+    but warns once per path (:class:`~loaderx.errors.AppendWarning`); ``append=False`` refuses
+    to touch an existing dataset (DatasetError).
     ``progress`` shows a progress bar on stderr (tqdm's when installed, else a one-line display;
     default: when stderr is a terminal).
     ``checksums=True`` makes the store keep a checksum of every record (see
@@ -90,8 +110,8 @@ def from_numpy(
         raise LimitExceededError(f"one record of shape {arr.shape[1:]} and dtype {dtype} is "
                                  f"{row_bytes} bytes, over the {MAX_RECORD_BYTES}-byte limit")
     n = int(arr.shape[0])
-    existing = _existing_schema(path, overwrite)
-    with _Conversion(path, wanted, existing, overwrite, n, checksums) as conv:
+    existing = _existing_schema(path, overwrite, append)
+    with _Conversion(path, wanted, existing, overwrite, append, n, checksums) as conv:
         rows = max(1, _positive(chunk_bytes, "chunk_bytes") // max(row_bytes, 1))
         offsets = np.arange(rows, dtype=np.uint64) * np.uint64(row_bytes)
         with _progress(progress, n, str(path)) as bar:
@@ -114,6 +134,7 @@ def from_iterator(
     schema: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     *,
+    append: bool | None = None,
     progress: bool | None = None,
     checksums: bool = False,
 ) -> int:
@@ -124,14 +145,14 @@ def from_iterator(
     the dtype and the trailing dimensions must be the same throughout) or bytes-like objects,
     stored as ``uint8`` records. Items are packed into appends of about ``chunk_bytes``. With
     ``codec="zstd_dict"`` the dictionary is trained on the first chunk before anything is
-    written. ``schema``, ``overwrite``, ``progress`` and ``checksums`` are as in
+    written. ``schema``, ``overwrite``, ``append``, ``progress`` and ``checksums`` are as in
     :func:`from_numpy`; an existing ragged dataset at ``path`` is appended to.
     """
     codec = _codec(codec)
     limit = _positive(chunk_bytes, "chunk_bytes")
+    existing = _existing_schema(path, overwrite, append)
     items = iter(source)
     first = next(items, None)
-    existing = _existing_schema(path, overwrite)
     if first is None:
         if existing is None:
             raise DatasetError("from_iterator got no records and there is no dataset at "
@@ -146,7 +167,7 @@ def from_iterator(
     wanted.to_bytes()  # an unencodable or oversized schema= fails before any store is touched
     _check_record(rec, wanted, 0)
     total = len(source) if isinstance(source, Sized) else None
-    with _Conversion(path, wanted, existing, overwrite, None, checksums) as conv:
+    with _Conversion(path, wanted, existing, overwrite, append, None, checksums) as conv:
         with _progress(progress, total, str(path)) as bar:
             pending: list[np.ndarray] = [rec]
             size = rec.nbytes
@@ -179,29 +200,48 @@ def from_iterator(
 
 class _Conversion:
     """Opens or creates the store, checks the schema before writing, appends, and on failure
-    removes what this conversion appended (or the whole store, if it created it)."""
+    removes what this conversion appended (or the whole store, if it created it).
+
+    Three ways: *append* to the store at ``path``, whose schema is rewritten before the final
+    sync (the commit point: anything failing before it is undone); *create* a new store in a
+    private staging directory beside ``path``, published onto nothing or onto an empty
+    directory; *replace* the store at ``path`` (``overwrite=True``) by a new one built beside it,
+    swapped in atomically, and only then retired. An empty mount point at ``path`` cannot be
+    renamed onto: the store is built in a staging directory inside it and its files moved in,
+    ``meta.zr`` last (:func:`loaderx.staging.move_in`)."""
 
     def __init__(self, path: Any, wanted: _schema.Schema, existing: _schema.Schema | None,
-                 overwrite: bool, count: int | None, checksums: bool = False):
+                 overwrite: bool, append: bool | None, count: int | None,
+                 checksums: bool = False):
         self.path = os.fspath(path)
         self.wanted = wanted
+        self.existing = existing
+        self.schema_written = False
+        self.stack = contextlib.ExitStack()
         if existing is not None:
             _check_kind(existing, wanted.kind, self.path)
             if (existing.dtype, existing.item_shape) != (wanted.dtype, wanted.item_shape):
                 raise DatasetError(
                     f"{self.path} holds a {existing.describe()} dataset; cannot append "
                     f"{wanted.describe()} records (use overwrite=True to replace it)")
+            # An append keeps the extra keys the dataset had; those given now update them.
+            self.wanted = _schema.Schema(wanted.kind, wanted.dtype, wanted.item_shape,
+                                         wanted.codec, {**existing.extra, **wanted.extra})
+            if append is None:
+                _warn_append(self.path)
         self.created = existing is None
-        # A new dataset (also one replacing an old one with overwrite=True) is built in a
-        # sibling directory and renamed into place when complete: a failed or killed conversion
-        # never leaves a half-made dataset at `path`, and an overwritten one stays until then.
         self.replacing = overwrite and _schema.is_store(self.path)
+        self.inside = False  # building inside `path`, an empty mount point
         self.target = self.path
-        # The store being replaced is held under its writer lock from now until it is renamed
+        # The store being replaced is held under its writer lock from now until it was swapped
         # away: a store another handle or process is writing is refused before any work, and
         # no writer can slip in between (its appends would vanish with the old directory).
         self.old: Zrecord | None = None
         if self.replacing:
+            if staging.is_mount_point(self.path):
+                raise DatasetError(f"{self.path} is a mount point: overwrite=True cannot swap "
+                                   "a dataset there; remove its files first (converting into "
+                                   "the empty mount point works)")
             old = Zrecord(self.path)
             try:
                 old.lock_for_writing()
@@ -209,14 +249,18 @@ class _Conversion:
                 old.close()
                 raise
             self.old = old
-        if self.created:
-            if not self.replacing and os.path.isdir(self.path) and os.listdir(self.path):
-                raise DatasetError(f"{self.path} is a non-empty directory that is not a "
-                                   "loaderx dataset; refusing to write into it")
-            _remove_stale_staging(self.path)
-            self.target = f"{self.path.rstrip(os.sep)}{_STAGING}{os.getpid()}"
-            shutil.rmtree(self.target, ignore_errors=True)
-        self.store = Zrecord(self.target, codec=_codec(wanted.codec))
+        try:
+            if self.created:
+                if not self.replacing and os.path.isdir(self.path) and os.listdir(self.path):
+                    raise DatasetError(f"{self.path} is a non-empty directory that is not a "
+                                       "loaderx dataset; refusing to write into it")
+                self.inside = not self.replacing and staging.is_mount_point(self.path)
+                self.target = self.stack.enter_context(
+                    staging.private_dir(self.path, "new", within=self.inside))
+            self.store = Zrecord(self.target, codec=_codec(wanted.codec))
+        except BaseException:
+            self._release()
+            raise
         self.start = len(self.store)
         if count is not None and self.start + count > MAX_RECORDS:
             self._abandon()
@@ -267,72 +311,95 @@ class _Conversion:
         self.store.append(blob, offsets)
 
     def finish(self) -> int:
-        """Makes everything durable and records the codec; returns the dataset length."""
+        """Makes everything durable and records the codec; returns the dataset length. Called
+        inside the ``with``: whatever fails here is undone by :meth:`_abandon`."""
         n = len(self.store)
+        if not self.created:
+            # Before the commit point (the sync): a schema that cannot be written takes the
+            # appended records back with it, so a retry does not add them twice.
+            self.schema_written = True
+            _schema.write(self.path, self.wanted)
+        self.store.sync()
         self.store.close()
         if self.replacing:
             assert self.old is not None
-            # Handles still open on the old store learn it was replaced (StoreChangedError).
-            self.old._retire()
-            old = f"{self.target}.old"
-            os.rename(self.path, old)
-            os.rename(self.target, self.path)
-            self.old.close()
-            shutil.rmtree(old, ignore_errors=True)
+            old = self.old
+            try:
+                # Handles still open on the old store learn it was replaced (StoreChangedError)
+                # -- once the swap happened: a failed one leaves the old store as it was.
+                staging.replace(self.target, self.path, swapped=old._retire)
+            except OSError as e:
+                raise _rename_error(self.path, e) from e
+        elif self.inside:
+            staging.move_in(self.target, self.path)
         elif self.created:
-            os.rename(self.target, self.path)  # onto nothing, or onto an empty directory
-        else:
-            _schema.write(self.path, self.wanted)
-        if self.created:
-            _schema.fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+            self._publish()
+        self._release()
         return n
 
-    def _abandon(self) -> None:
-        if self.old is not None:
-            self.old.close()
-        store = self.store
+    def _publish(self) -> None:
         try:
-            if self.created:
-                store.close()
-                shutil.rmtree(self.target, ignore_errors=True)
-            else:
+            staging.publish(self.target, self.path)
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                raise
+            # A mount point that is_mount_point did not see: copy the store inside it, then
+            # move its files in.
+            with staging.private_dir(self.path, "new", within=True) as inside:
+                copying.copy_files(self.target, inside)
+                staging.move_in(inside, self.path)
+
+    def _release(self) -> None:
+        """Lets the old store and the staging directory go (removing it unless published)."""
+        try:
+            if self.old is not None:
+                self.old.close()
+                self.old = None
+        finally:
+            self.stack.close()
+
+    def _abandon(self) -> None:
+        store = getattr(self, "store", None)
+        try:
+            if store is not None and not self.created and not store.closed:
                 appended = np.arange(self.start, len(store), dtype=np.uint64)
                 if len(appended):
                     store.delete(appended)
                     store.compact()
-                store.close()
+            if self.schema_written and self.existing is not None:
+                _schema.write(self.path, self.existing)
         except Exception:  # the original error matters more; the store is still consistent
             pass
+        finally:
+            with contextlib.suppress(Exception):
+                if store is not None:
+                    store.close()
+            with contextlib.suppress(Exception):
+                self._release()
+
+
+def _rename_error(path: str, e: OSError) -> BaseException:
+    if e.errno == errno.EBUSY:
+        return DatasetError(f"{path} cannot be replaced ({e.strerror}): it is a mount point or "
+                            "in use; the dataset there is unchanged. Remove its files and "
+                            "convert into the empty directory, or choose another path")
+    return e
+
+
+_warned: set[str] = set()
+
+
+def _warn_append(path: str) -> None:
+    key = os.path.abspath(path)
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(f"{path} already holds a dataset: the records are appended to it (as "
+                  "loaderx 0.9.11 does). Pass append=True to append without this warning, "
+                  "or overwrite=True to replace the dataset", AppendWarning, stacklevel=4)
 
 
 # -- helpers -------------------------------------------------------------------------------------
-
-_STAGING = ".loaderx-new-"
-
-
-def _remove_stale_staging(path: str) -> None:
-    """Removes staging directories of ``path`` left by conversions whose process is gone."""
-    parent, name = os.path.split(os.path.abspath(path))
-    try:
-        entries = os.listdir(parent)
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        if not entry.startswith(name + _STAGING):
-            continue
-        pid = entry[len(name + _STAGING):].split(".")[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _codec(codec: Any) -> Codec:
@@ -369,10 +436,22 @@ def _extra(schema: Mapping[str, Any] | None, kind: str, dtype: np.dtype,
     return {k: v for k, v in schema.items() if k not in _schema.RESERVED}
 
 
-def _existing_schema(path: Any, overwrite: bool) -> _schema.Schema | None:
+def _existing_schema(path: Any, overwrite: bool,
+                     append: bool | None) -> _schema.Schema | None:
+    """The schema of the dataset that will be appended to (None: a new one), after checking
+    the arguments and removing what earlier conversions left (see :mod:`loaderx.staging`)."""
+    if append is not None and not isinstance(append, bool):
+        raise LoaderxTypeError(f"append must be True, False or None, got {append!r}")
+    if append and overwrite:
+        raise LoaderxValueError("append=True and overwrite=True contradict each other: pass "
+                                "one of them")
     path = os.fspath(path)
+    staging.remove_stale(path)
     if overwrite or not _schema.is_store(path):
         return None
+    if append is False:
+        raise DatasetError(f"{path} already holds a dataset and append=False: pass "
+                           "overwrite=True to replace it, or append=True to add to it")
     return _schema.read(path)
 
 

@@ -15,15 +15,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from loaderx import _schema
+from loaderx import _schema, staging
 from loaderx.errors import CorruptStoreError, DatasetError
 from loaderx.zrecord import Zrecord
 
-__all__ = ["copy", "data_regions", "held_still", "store_files", "verified", "write_sparse"]
+__all__ = ["copy", "copy_files", "data_regions", "held_still", "store_files", "verified",
+           "write_sparse"]
 
 _BLOCK = 8 << 20
 
@@ -121,28 +121,33 @@ def verified(path: str, what: str) -> tuple[int, dict[str, Any]]:
     return records, report
 
 
+def copy_files(src: str, dst: str) -> tuple[int, int]:
+    """Copies the :func:`store_files` of ``src`` into the existing directory ``dst`` (each a new
+    file, holes kept, synced), then syncs ``dst``. Returns ``(bytes copied, apparent bytes)``."""
+    copied = apparent = 0
+    for name in store_files(src):
+        path = os.path.join(src, name)
+        copied += _copy_sparse(path, os.path.join(dst, name))
+        apparent += os.path.getsize(path)
+    _schema.fsync_dir(dst)
+    return copied, apparent
+
+
 def copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> dict[str, Any]:
     """Copies the store (or dataset) ``src`` to the new directory ``dst``, holes kept, then
     checks the copy by decoding every record. Returns ``records``, ``bytes_copied``,
-    ``apparent_bytes`` and the copy's ``verify()`` report. ``dst`` must not exist."""
+    ``apparent_bytes`` and the copy's ``verify()`` report. ``dst`` must not exist.
+
+    The copy is made in a private directory beside ``dst`` and renamed to ``dst`` only when
+    complete and synced (:mod:`loaderx.staging`): a kill leaves no ``dst``, and what it left
+    is removed by the next copy to ``dst``."""
     src, dst = os.fspath(src), os.fspath(dst)
+    staging.remove_stale(dst)
     if os.path.lexists(dst):
         raise DatasetError(f"{dst} exists; copy makes a new directory")
-    with held_still(src):
-        tmp = f"{dst.rstrip(os.sep)}.copying-{os.getpid()}"
-        os.makedirs(tmp)
-        copied = apparent = 0
-        try:
-            for name in store_files(src):
-                path = os.path.join(src, name)
-                copied += _copy_sparse(path, os.path.join(tmp, name))
-                apparent += os.path.getsize(path)
-            _schema.fsync_dir(tmp)
-            os.rename(tmp, dst)
-            _schema.fsync_dir(os.path.dirname(os.path.abspath(dst)))
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    with held_still(src), staging.private_dir(dst, "copy") as tmp:
+        copied, apparent = copy_files(src, tmp)
+        staging.publish(tmp, dst)
     records, report = verified(dst, "the copy")
     return {"records": records, "bytes_copied": copied, "apparent_bytes": apparent,
             "verify": report}

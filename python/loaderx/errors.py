@@ -123,3 +123,9 @@ class StoreClosedError(LoaderxValueError):
 class LoaderClosedError(LoaderxValueError):
     """The DataLoader was closed (explicitly, by its context manager, or after it delivered a
     worker's exception), or is being used in a process forked after its threads started."""
+
+
+class AppendWarning(UserWarning):  # a warning, not an error: kept out of __all__'s error tree
+    """A conversion appended to a dataset that already existed at its path although the call
+    did not ask to append (``append=True``); ``overwrite=True`` replaces the dataset instead.
+    Emitted once per path and process."""

@@ -358,12 +358,14 @@ def _is_empty_dir(path: str) -> bool:
         return False
 
 
-def replace(src_dir: str, dst: str | os.PathLike[str]) -> None:
+def replace(src_dir: str, dst: str | os.PathLike[str], *,
+            swapped: Callable[[], None] | None = None) -> None:
     """Puts the private directory ``src_dir`` (from :func:`private_dir` beside ``dst``, still
     inside its ``with``) in the place of the existing ``dst``, durably, such that ``dst`` holds
-    the old or the new directory at every moment (see the module docstring); then removes the
-    old one. When ``dst`` does not exist this is :func:`publish`. An OSError (a mount point:
-    EBUSY) leaves both where they were."""
+    the old or the new directory at every moment (see the module docstring); then calls
+    ``swapped()`` (the old one is still there, under another name) and removes the old one.
+    When ``dst`` does not exist this is :func:`publish`. An OSError (a mount point: EBUSY)
+    leaves both where they were, and ``swapped`` uncalled."""
     dst = os.path.abspath(os.fspath(dst))
     parent, base = os.path.split(dst)
     if os.path.dirname(os.path.abspath(src_dir)) != parent:
@@ -371,14 +373,15 @@ def replace(src_dir: str, dst: str | os.PathLike[str]) -> None:
                                 "one directory")
     if not os.path.lexists(dst):
         publish(src_dir, dst)
+        if swapped is not None:
+            swapped()
         return
     _settle(src_dir)
     _step("exchange")
     if _exchange(src_dir, dst):
         _step("exchanged")
         fsync_dir(parent)
-        _step("remove-old")
-        _remove(src_dir)  # now the old directory
+        _after_swap(swapped, src_dir)  # src_dir now names the old directory
         return
     try:  # an empty directory can simply be renamed onto, atomically
         os.rename(src_dir, dst)
@@ -387,6 +390,8 @@ def replace(src_dir: str, dst: str | os.PathLike[str]) -> None:
             raise
     else:
         fsync_dir(parent)
+        if swapped is not None:
+            swapped()
         return
     token = secrets.token_hex(_TOKEN_HEX // 2)
     ready = os.path.join(parent, _name(base, _READY, token))
@@ -409,8 +414,16 @@ def replace(src_dir: str, dst: str | os.PathLike[str]) -> None:
         os.rename(ready, src_dir)
         raise
     fsync_dir(parent)
-    _step("remove-old")
-    _remove(old)
+    _after_swap(swapped, old)
+
+
+def _after_swap(swapped: Callable[[], None] | None, old: str) -> None:
+    try:
+        if swapped is not None:
+            swapped()
+    finally:
+        _step("remove-old")
+        _remove(old)
 
 
 def is_mount_point(path: str | os.PathLike[str]) -> bool:
