@@ -160,7 +160,8 @@ def child_appends(path: str, shared: Shared, seed: int, use_converter: bool) -> 
             recs = [make_record(n + j) for j in range(k)]
             shared.set(IN_NATIVE, IN_CALL)
             n = from_iterator(path, recs, codec=rng.choice(["raw", "zstd"]),
-                              chunk_bytes=rng.choice([2000, 1 << 20]), progress=False)
+                              chunk_bytes=rng.choice([2000, 1 << 20]), progress=False,
+                              append=True)
             shared.set(IN_NATIVE, 0)
             shared.set(COMMITTED, n)
             shared.set(BATCHES, shared.get(BATCHES) + 1)
@@ -251,7 +252,7 @@ def kill_loop(path: str, kills: int, seed: int, use_converter: bool) -> dict[str
         if use_converter:
             from loaderx.converter import from_iterator
 
-            from_iterator(path, [make_record(n)], progress=False)
+            from_iterator(path, [make_record(n)], progress=False, append=True)
     return stats
 
 
