@@ -18,7 +18,7 @@ import pytest
 from loaderx.converter import from_iterator, from_numpy
 from loaderx.dataloader import DataLoader
 from loaderx.dataset import DenseDataset, RaggedDataset
-from loaderx.errors import LoaderClosedError
+from loaderx.errors import AppendWarning, LoaderClosedError
 from loaderx.sampler import Sampler
 
 N = 103
@@ -126,7 +126,7 @@ def test_seek_start_step_and_resume(streams):
     with DataLoader(streams, batch_size=8, seed=9, num_workers=2) as first:
         take(first, 12)
         state = first.state_dict()
-    assert state["step"] == 12 and state["length"] == N and state["mode"] == "cyclic"
+    assert state["step"] == 12 and state["length"] == N and state["mode"] == 2  # cyclic
     with DataLoader(streams, batch_size=8, seed=9, num_workers=4) as resumed:
         resumed.load_state_dict(state)
         for step in range(12, 40):
@@ -142,8 +142,8 @@ def test_state_from_another_configuration_or_changed_data_is_refused(streams, tm
     # The store grew since the checkpoint.
     from_numpy(tmp_path / "x", DATA)
     from_numpy(tmp_path / "y", LABEL)
-    from_numpy(tmp_path / "x", DATA[:1])
-    from_numpy(tmp_path / "y", LABEL[:1])
+    from_numpy(tmp_path / "x", DATA[:1], append=True)
+    from_numpy(tmp_path / "y", LABEL[:1], append=True)
     grown = {"data": DenseDataset(tmp_path / "x"), "label": DenseDataset(tmp_path / "y")}
     with DataLoader(grown, batch_size=8, seed=9) as loader:
         with pytest.raises(ValueError, match="data changed"):
@@ -163,8 +163,9 @@ def test_construction_errors(streams, tmp_path):
         DataLoader({})
     with pytest.raises(ValueError, match="mode"):
         DataLoader(streams, mode="shuffle")
-    with pytest.raises(ValueError, match="batch_size"):
-        DataLoader(streams, mode="cyclic", batch_size=N + 1)
+    with DataLoader(streams, mode="cyclic", batch_size=N + 1) as too_big:
+        with pytest.raises(ValueError, match="batch_size"):  # the endless loader cannot draw it
+            next(too_big)
     with pytest.raises(ValueError, match="num_workers"):
         DataLoader(streams, num_workers=-1)
     with pytest.raises(TypeError):
@@ -496,7 +497,8 @@ def test_the_specs_examples_run_as_written(tmp_path, monkeypatch):
     loader.close()
 
     # Appending more images to the same dataset with a trained dictionary.
-    from_numpy("train_data", images, codec="zstd_dict")
+    with pytest.warns(AppendWarning, match="appended"):  # as 0.9.11 does, now with a warning
+        from_numpy("train_data", images, codec="zstd_dict")
     with DenseDataset("train_data") as ds:
         assert len(ds) == 1200
         np.testing.assert_array_equal(ds[600:], images)
@@ -680,14 +682,26 @@ def test_a_finite_pass_reads_every_record_once_in_order(streams, workers, batch_
 
 
 def test_a_finite_pass_splits_batches_across_shards(streams):
-    """Shards of a pass take contiguous parts of every batch; together, every record once."""
+    """Shards of a pass take contiguous, equal parts of every batch (the last one too, when it
+    divides); together, every record once."""
     parts = []
     for index in range(3):
-        with DataLoader(streams, batch_size=9, shard_index=index, shard_count=3,
-                        num_workers=2) as loader:
-            parts.append([b["label"] for b in loader.epoch()])
+        with DataLoader(streams, batch_size=12, shard_index=index, shard_count=3,
+                        num_workers=2) as loader:  # 103 = 8 * 12 + 7: no even last batch
+            with pytest.raises(ValueError, match=r"pad=True"):
+                loader.epoch()
+            with DataLoader(streams, batch_size=9, shard_index=index, shard_count=3,
+                            num_workers=2) as nine:  # the last batch of 103 % 9 = 4 neither
+                with pytest.raises(ValueError, match="do not split evenly into 3 shards"):
+                    nine.epoch()
+        with DataLoader({k: ds.subset(range(102)) for k, ds in streams.items()}, batch_size=9,
+                        shard_index=index, shard_count=3, num_workers=2) as loader:
+            p = loader.epoch()  # 102 = 11 * 9 + 3: one row each in the last batch
+            parts.append([b["label"] for b in p])
+            assert [len(b) for b in parts[-1]] == [3] * 11 + [1]
+            assert [len(p.batch_indices(k)) for k in range(len(p))] == [3] * 11 + [1]
     rebuilt = np.concatenate([np.concatenate([p[k] for p in parts]) for k in range(len(parts[0]))])
-    np.testing.assert_array_equal(rebuilt, LABEL)
+    np.testing.assert_array_equal(rebuilt, LABEL[:102])
 
 
 def test_a_pass_stops_its_threads(streams):
@@ -700,3 +714,206 @@ def test_a_pass_stops_its_threads(streams):
         while threading.active_count() > before and time.monotonic() < deadline:
             time.sleep(0.01)
         assert threading.active_count() == before
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_a_padded_pass_has_full_batches_and_a_mask(streams, workers):
+    """epoch(pad=True): every batch full, the last filled with records from the start of the
+    data; batch["mask"] (or mask_key=) True for the real rows, also when the transform builds
+    a new dict; a stream named like the mask is refused."""
+    def collate(batch):  # a new dict: the mask is added back to it
+        assert "mask" not in batch or batch["mask"].dtype == np.bool_
+        return {"inputs": batch["data"], "target": batch["label"]}
+
+    with DataLoader(streams, batch_size=10, num_workers=workers, transform=collate) as loader:
+        batches = list(loader.epoch(pad=True))
+        assert len(batches) == 11 and all(len(b["target"]) == 10 for b in batches)
+        labels = np.concatenate([b["target"] for b in batches])
+        mask = np.concatenate([b["mask"] for b in batches])
+        np.testing.assert_array_equal(mask, np.arange(110) < N)
+        np.testing.assert_array_equal(labels, LABEL[np.arange(110) % N])
+        dropped = list(loader.epoch(pad=True, drop_last=True))
+        assert len(dropped) == 10 and all(b["mask"].all() for b in dropped)
+        plain = list(loader.epoch())
+        assert "mask" not in plain[-1] and len(plain[-1]["target"]) == 3
+    with DataLoader({"valid": streams["label"]}, batch_size=10, num_workers=workers) as loader:
+        with pytest.raises(ValueError, match="mask_key 'valid' is also a stream's name"):
+            loader.epoch(pad=True, mask_key="valid")
+        with pytest.raises(TypeError, match="mask_key must be a str"):
+            loader.epoch(pad=True, mask_key=3)
+        last = list(loader.epoch(pad=True, mask_key="real"))[-1]
+        assert sorted(last) == ["real", "valid"] and last["real"].sum() == 3
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_cyclic_loader_with_a_batch_larger_than_the_data_serves_passes(streams, workers):
+    """A pass does not sample: batch_size > len(data) in cyclic mode gives one short batch (or
+    one padded batch); only the endless next() refuses, naming epoch()."""
+    with DataLoader(streams, batch_size=N + 20, num_workers=workers) as loader:
+        (only,) = list(loader.epoch())
+        np.testing.assert_array_equal(only["label"], LABEL)
+        (padded,) = list(loader.epoch(pad=True))
+        assert len(padded["label"]) == N + 20 and padded["mask"].sum() == N
+        np.testing.assert_array_equal(padded["label"], LABEL[np.arange(N + 20) % N])
+        assert list(loader.epoch(drop_last=True)) == []
+        with pytest.raises(ValueError, match=r"cannot draw batches of 123 from 103 .*epoch\(\)"):
+            next(loader)
+        with pytest.raises(ValueError, match="epoch"):
+            loader.batch_indices(0)
+        assert not loader.closed and loader.state_dict()["step"] == 0
+    with DataLoader(streams, batch_size=4 * N, shard_index=1, shard_count=2) as shard:
+        (half,) = list(shard.epoch(pad=True))  # rows 2N..4N of the padded batch: all padding
+        assert len(half["label"]) == 2 * N and not half["mask"].any()
+
+
+class Blocking:
+    """A transform that blocks until ``release`` is set, saying when it has started."""
+
+    def __init__(self) -> None:
+        self.started = threading.Semaphore(0)
+        self.release = threading.Event()
+        self.finished = threading.Event()
+
+    def __call__(self, batch):
+        self.started.release()
+        self.release.wait(DEADLINE)
+        self.finished.set()
+        return batch
+
+
+def test_close_returns_while_an_in_process_transform_runs(streams):
+    """num_workers=0: close() from another thread returns while the consumer's transform is
+    still blocked (it waited for the transform); that next() then raises LoaderClosedError and
+    its batch is discarded."""
+    transform = Blocking()
+    loader = DataLoader(streams, batch_size=4, num_workers=0, transform=transform)
+    outcome = {}
+
+    def consume():
+        try:
+            outcome["batch"] = next(loader)
+        except BaseException as e:
+            outcome["error"] = e
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    assert transform.started.acquire(timeout=DEADLINE), "the transform did not start"
+    try:
+        without_hanging(loader.close)
+        assert loader.closed and not transform.finished.is_set()
+    finally:
+        transform.release.set()
+    consumer.join(DEADLINE)
+    assert not consumer.is_alive()
+    assert isinstance(outcome.get("error"), LoaderClosedError), outcome
+    assert "closed while this batch was being built" in str(outcome["error"])
+
+
+class FakeClock:
+    """close()'s clock, moved only by joins that time out (as a stuck thread's would)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.waits: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class StuckThread:
+    """Stands for a worker that does not end: join(timeout) waits out its timeout."""
+
+    def __init__(self, thread: threading.Thread, clock: FakeClock) -> None:
+        self.thread, self.clock = thread, clock
+
+    def join(self, timeout=None):
+        self.clock.waits.append(timeout)
+        self.clock.now += timeout
+
+
+def test_close_waits_once_for_all_stuck_workers(streams, monkeypatch):
+    """Four workers stuck in a transform: close() waits one deadline for all of them together
+    (it waited a second per worker, in turn: four), and returns while they are still stuck."""
+    from loaderx import dataloader
+
+    transform = Blocking()
+    loader = DataLoader(streams, batch_size=4, num_workers=4, transform=transform)
+    def consume():
+        with pytest.raises(LoaderClosedError):
+            next(loader)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    for _ in range(4):
+        assert transform.started.acquire(timeout=DEADLINE), "every worker in the transform"
+    clock = FakeClock()
+    monkeypatch.setattr(dataloader, "_clock", clock)
+    threads = list(loader._pipe.threads)
+    loader._pipe.threads = [StuckThread(t, clock) for t in threads]
+    try:
+        without_hanging(loader.close)
+        assert not transform.finished.is_set()
+        assert len(clock.waits) == 4 and sum(clock.waits) == dataloader._JOIN_SECONDS, \
+            clock.waits
+    finally:
+        transform.release.set()
+    eventually(lambda: not any(t.is_alive() for t in threads), "the workers ending")
+    consumer.join(DEADLINE)
+
+
+def ints_only(state) -> bool:
+    return all(type(k) is str and type(v) is int for k, v in state.items())
+
+
+def test_the_checkpoint_is_plain_ints(streams):
+    """state_dict() has no strings and no None (Orbax's StandardSave refused the mode's
+    name): every value is a Python int, also for subsets and seeds outside int64, and it
+    survives JSON and arrays (what array checkpointers restore)."""
+    import json
+
+    for seed in (9, -3, 2**63 + 5, 2**70 + 1):
+        with DataLoader(streams, batch_size=8, seed=seed, mode="iid") as loader:
+            take(loader, 3)
+            state = loader.state_dict()
+            after = next(loader)["label"]
+        assert ints_only(state), state
+        assert state["mode"] == 1 and state["view"] == 0 and state["version"] == 2
+        assert -2**63 <= state["seed"] < 2**63
+        restored = [json.loads(json.dumps(state)),
+                    {k: np.int64(v) for k, v in state.items()},
+                    {k: np.asarray(v) for k, v in state.items()}]
+        for again in restored:
+            with DataLoader(streams, batch_size=8, seed=seed, mode="iid") as resumed:
+                resumed.load_state_dict(again)
+                assert resumed.step == 3
+                np.testing.assert_array_equal(next(resumed)["label"], after)
+    sub = {k: ds.subset(range(1, N)) for k, ds in streams.items()}
+    with DataLoader(sub, batch_size=8) as loader:
+        state = loader.state_dict()
+    assert ints_only(state) and state["view"] != 0
+    with DataLoader({k: ds.subset(range(N - 1)) for k, ds in streams.items()},
+                    batch_size=8) as other:
+        with pytest.raises(ValueError, match="other subsets"):
+            other.load_state_dict(state)
+    with DataLoader(streams, batch_size=8, seed=9) as loader:
+        for bad, match in (({**loader.state_dict(), "mode": "iid"}, "mode: 'iid' in the state"),
+                           ({**loader.state_dict(), "step": 1.5}, "'step' must be an integer"),
+                           ({**loader.state_dict(), "version": 3}, "upgrade"),
+                           ({"step": 0}, "missing length")):
+            with pytest.raises(ValueError, match=match):
+                loader.load_state_dict(bad)
+
+
+def test_a_version_1_checkpoint_still_loads(streams):
+    """Checkpoints written before the int-only format (mode and view as strings) resume."""
+    old = {"version": 1, "length": N, "batch_size": 8, "mode": "cyclic", "seed": 9, "step": 12}
+    with DataLoader(streams, batch_size=8, seed=9) as loader:
+        loader.load_state_dict(old)
+        np.testing.assert_array_equal(next(loader)["label"], expected(12, 8, "cyclic", 9)["label"])
+    sub = {k: ds.subset(range(1, N)) for k, ds in streams.items()}
+    with DataLoader(sub, batch_size=8, seed=9) as loader:
+        view = loader._view()  # version 1 stored the digests as text
+        loader.load_state_dict({**old, "length": N - 1, "view": view, "step": 4})
+        assert loader.step == 4
+        with pytest.raises(ValueError, match="other subsets"):
+            loader.load_state_dict({**old, "length": N - 1, "step": 4})  # whole datasets

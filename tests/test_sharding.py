@@ -179,3 +179,36 @@ def test_framework_helpers_import_lazily_and_refuse_to_guess():
         assert out == "(0, 1)"
     else:
         assert out.startswith("ImportError") and "JAX" in out
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+@pytest.mark.parametrize("length", [91, 96, 5])
+def test_a_padded_pass_gives_every_shard_the_same_shapes(root, count, length):
+    """epoch(pad=True) on `count` hosts: every batch of every shard has BATCH // count rows
+    (the global arrays a multi-host step builds have one shape everywhere), the mask marks
+    the real rows, and the real rows of the shards, concatenated, are the whole pass in order.
+    (Without pad, the last batch of 91 records split 6/5 rows across two hosts.)"""
+    streams = {k: ds.subset(range(length)) for k, ds in open_streams(root).items()}
+    steps = -(-length // BATCH)
+    shards = []
+    for index in range(count):
+        with DataLoader(streams, batch_size=BATCH, shard_index=index, shard_count=count,
+                        num_workers=index % 3, seed=1) as loader:
+            p = loader.epoch(pad=True)
+            assert len(p) == steps
+            shards.append(list(p))
+    for batches in shards:
+        assert len(batches) == steps
+        for b in batches:
+            assert sorted(b) == ["mask", "x", "y"]
+            assert b["x"].shape == (BATCH // count, 5) and b["y"].shape == (BATCH // count,)
+            assert b["mask"].shape == (BATCH // count,) and b["mask"].dtype == np.bool_
+    real = np.concatenate([b["y"][b["mask"]] for k in range(steps) for b in
+                           (s[k] for s in shards)])
+    np.testing.assert_array_equal(real, LABEL[:length])
+    whole = np.concatenate([np.concatenate([s[k]["x"] for s in shards]) for k in range(steps)])
+    mask = np.concatenate([np.concatenate([s[k]["mask"] for s in shards]) for k in range(steps)])
+    positions = np.arange(steps * BATCH)
+    np.testing.assert_array_equal(mask, positions < length)
+    # Padding rows are real records, repeated from the start of the data.
+    np.testing.assert_array_equal(whole, DATA[positions % length])

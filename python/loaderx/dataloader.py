@@ -31,14 +31,38 @@ True
 
 Finite passes: ``loader.epoch(drop_last=False)`` is an iterator over every record exactly once,
 in index order, in batches of ``batch_size`` and a last shorter one, built by the same workers
-with the same transform; ``len()`` of it is the number of batches.
+with the same transform; ``len()`` of it is the number of batches. ``epoch(pad=True)`` makes
+every batch full -- ``batch_size`` rows globally, ``batch_size // shard_count`` per shard, the
+missing rows filled with records repeated from the start of the data (record ``r % length`` at
+pass position ``r``: real records, which any transform takes and no model turns into NaN) --
+and adds ``batch["mask"]``, a boolean array that is True for the rows that are real (the name is
+``mask_key=``; a stream of that name is refused): static shapes for compiled steps and
+multi-host evaluation, where ``(metric * mask).sum()`` counts each record once. A pass needs no
+sampling, so a cyclic loader whose ``batch_size`` exceeds the data serves ``epoch()`` (one short
+batch, or one padded batch) even though its endless ``next()`` refuses.
 
 Several hosts: ``shard_index=i, shard_count=n`` make this process load only its contiguous
 slice -- rows ``i * b : (i + 1) * b`` with ``b = batch_size // n`` -- of every global batch
 (``batch_size`` stays the global batch size and must divide by ``n``). All processes draw the
 same global sequence, so the slices of one step are disjoint and together form the global batch,
 and a checkpoint resumes the same global batches on any number of processes or workers. The
-``loaderx.sharding`` helpers read ``i`` and ``n`` from JAX or torch.distributed.
+``loaderx.sharding`` helpers read ``i`` and ``n`` from JAX or torch.distributed. A pass splits
+its last, short batch into ``n`` equal contiguous parts; when that batch does not divide by
+``n`` (20 rows on one host, 19 on the next would give each host arrays of another shape),
+``epoch()`` refuses and names ``pad=True`` (or ``drop_last=True``).
+
+Random augmentation that resumes: a transform with a parameter named ``ctx`` is called as
+``transform(batch, ctx=ctx)`` with a :class:`~loaderx.context.BatchContext`: the step, the
+shard, each row's position in the global batch, and NumPy generators derived from the seed and
+the step alone (``ctx.rng`` for the batch, ``ctx.record_rngs()`` / ``ctx.record_seeds`` per
+row). A resumed, re-sharded or differently threaded run then augments every record exactly as
+the uninterrupted one.
+
+Checkpoints: ``state_dict()`` holds only Python ints (version, length, batch size, the mode's
+integer, the seed as a signed 64-bit value, step, and ``view``, a signed 64-bit digest of which
+subsets the streams are, 0 for whole datasets), so Orbax's ``StandardSave``, ``torch.save``,
+JSON and msgpack all take it as is; ``load_state_dict`` also takes version-1 checkpoints (mode
+and view as strings) and integers restored as NumPy scalars or 0-d arrays.
 
 Modes (names, or the reference's integers): ``"sequential"`` (0), ``"iid"`` (1) and ``"cyclic"``
 (2). The default is cyclic -- no record twice in a cycle, in a fresh order each cycle (a
@@ -75,18 +99,31 @@ the pool.
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from loaderx import _native
 from loaderx._recycle import BufferPool
+from loaderx.context import BatchContext
 from loaderx.errors import LoaderClosedError, LoaderxTypeError, LoaderxValueError
-from loaderx.sampler import Mode, ModeLike, Sampler, _u64
+from loaderx.sampler import (
+    _MAX_BATCH,
+    Mode,
+    ModeLike,
+    Sampler,
+    _integer,
+    _mode,
+    _u64,
+    normalize_seed,
+)
 from loaderx.source import DenseSource, is_dense_source
 
 #: What a loader stream may be: anything that implements :class:`loaderx.source.DenseSource`
@@ -95,12 +132,44 @@ Stream = DenseSource
 
 __all__ = ["DataLoader", "Pass", "Stream"]
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
+_STATE_KEYS = ("length", "batch_size", "mode", "seed", "step")
+#: close() waits at most this long for all the prefetch threads together.
 _JOIN_SECONDS = 1.0
+#: Time source of close()'s deadline (a test replaces it).
+_clock = time.monotonic
 
 
 def _identity(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return batch
+
+
+def _wants_ctx(transform: Callable[..., Any]) -> bool:
+    """Whether ``transform`` takes a ``ctx`` keyword (asked once, at construction)."""
+    try:
+        parameter = inspect.signature(transform).parameters.get("ctx")
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def _signed64(value: int) -> int:
+    """A 64-bit value in [0, 2**64) as the int64 with the same bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _state_int(value: Any, key: str) -> int:
+    """A checkpoint's integer: a Python or NumPy integer, or a 0-d integer array (what Orbax
+    and other array checkpointers restore)."""
+    if not isinstance(value, (bool, np.bool_)):
+        if isinstance(value, (int, np.integer)):
+            return int(value)
+        array = np.asarray(value)
+        if array.shape == () and array.dtype.kind in "iu":
+            return int(array)
+    raise LoaderxValueError(f"the checkpoint's {key!r} must be an integer, got "
+                            f"{type(value).__name__} ({value!r})")
 
 
 class DataLoader:
@@ -117,7 +186,8 @@ class DataLoader:
     * ``mode`` -- ``"cyclic"`` (default: a fresh permutation per cycle), ``"iid"`` (with
       replacement) or ``"sequential"``; also a :class:`~loaderx.sampler.Mode` or 0/1/2.
     * ``seed`` -- any int; the same seed gives the same batches.
-    * ``transform`` -- ``batch dict -> anything``, run on the worker threads (the collate step).
+    * ``transform`` -- ``batch dict -> anything``, run on the worker threads (the collate step);
+      with a parameter named ``ctx`` it is called ``transform(batch, ctx=BatchContext)``.
     * ``start_step`` -- the first step to deliver (as ``seek``).
     * ``shard_index``, ``shard_count`` -- this process's contiguous slice of each global batch.
     * ``readahead`` -- steps whose reads start early while reads go to the disk (default
@@ -139,7 +209,7 @@ class DataLoader:
         prefetch_size: int = 4,
         mode: ModeLike = "cyclic",
         seed: Any = 42,
-        transform: Callable[[dict[str, np.ndarray]], Any] = _identity,
+        transform: Callable[..., Any] = _identity,
         start_step: int = 0,
         shard_index: int = 0,
         shard_count: int = 1,
@@ -166,16 +236,54 @@ class DataLoader:
         self._streams = dict(streams)
         self._num_workers = _u64(num_workers, "num_workers", 0)
         self._prefetch = _u64(prefetch_size, "prefetch_size", 1)
-        self._sampler = Sampler(length, batch_size, mode, seed)
-        self._sampler.seek(_u64(start_step, "start_step", 0))
-        self._shard = _shard_rows(self._sampler.batch_size, shard_index, shard_count)
+        self._length = length
+        self._batch_size = _u64(batch_size, "batch_size", 1)
+        if self._batch_size > _MAX_BATCH:
+            raise LoaderxValueError(f"batch_size must be at most {_MAX_BATCH}, "
+                                    f"got {self._batch_size}")
+        self._mode = _mode(mode)
+        self._seed = _integer(seed, "seed")
+        # A finite pass does not sample, so a cyclic batch larger than the data is refused only
+        # by the endless next(), which would have to draw it without replacement.
+        self._sampler: Sampler | None = None
+        if not (self._mode is Mode.CYCLIC and self._batch_size > length):
+            self._sampler = Sampler(length, self._batch_size, self._mode, self._seed)
+        self._shard = _shard_rows(self._batch_size, shard_index, shard_count)
+        self._transform = transform
+        self._wants_ctx = _wants_ctx(transform)
         ahead = (self._prefetch + self._num_workers if readahead is None
                  else _u64(readahead, "readahead", 0))
-        self._pipe = _Pipeline(self._streams, self._sampler, transform, self._num_workers,
-                               self._prefetch, self._shard, ahead)
+        self._readahead = ahead
+        index, count, rows = self._shard
+        self._positions = np.arange(index * rows, (index + 1) * rows, dtype=np.int64)
+        self._pipe = _Pipeline(
+            self._streams, _u64(start_step, "start_step", 0),
+            _endless_rows(self._sampler, self._positions, self._cannot_sample()),
+            self._job(transform, None), self._num_workers, self._prefetch, rows, ahead)
         # Stops the threads when the loader is dropped, and at interpreter exit (finalize's
         # atexit hook), so no prefetch thread is inside a gather while the interpreter ends.
         self._finalizer = weakref.finalize(self, self._pipe.stop)
+        # Prefetchers holding batches taken ahead of the training loop (loaderx.prefetch, e.g.
+        # prefetch_to_device): state_dict() points at the first batch they have not handed on,
+        # and seek() makes them drop what they hold.
+        self._readers_ahead: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def _job(self, transform: Callable[..., Any], pass_id: int | None) -> _Job:
+        """What the pipeline runs on each batch: the transform, and how to build its ctx."""
+        index, count, _ = self._shard
+        seed = self._seed
+
+        def context(step: int, rows: np.ndarray, indices: np.ndarray) -> BatchContext:
+            return BatchContext(step=step, seed=seed, pass_id=pass_id, shard_index=index,
+                                shard_count=count, rows=rows, indices=indices)
+
+        return _Job(transform, context if self._wants_ctx else None)
+
+    def _cannot_sample(self) -> str:
+        return (f"cyclic mode draws without replacement, so the endless loader cannot draw "
+                f"batches of {self._batch_size} from {self._length} records; loader.epoch() "
+                "still reads them (one short batch, or pad=True), or use a batch_size of at "
+                f"most {self._length} or mode='iid'")
 
     # -- iteration -----------------------------------------------------------------------------
 
@@ -183,6 +291,8 @@ class DataLoader:
         return self
 
     def __next__(self) -> Any:
+        if self._sampler is None:
+            raise LoaderxValueError(self._cannot_sample())
         return self._pipe.next()
 
     next = __next__
@@ -193,14 +303,27 @@ class DataLoader:
 
     # -- finite passes -------------------------------------------------------------------------
 
-    def epoch(self, *, drop_last: bool = False) -> Pass:
+    def epoch(self, *, drop_last: bool = False, pad: bool = False, mask_key: str = "mask",
+              pass_id: int = 0) -> Pass:
         """One finite pass over the streams: every record exactly once, in index order, in
         batches of ``batch_size`` and a last, shorter one (dropped with ``drop_last=True``),
         built by the same number of workers with the same transform, as evaluation and export
         loops want. ``len()`` is the number of batches. The endless position (``step``) is not
-        touched. With shards, each process gets its contiguous part of every batch
-        (``np.array_split`` of the batch into ``shard_count`` parts)."""
-        return Pass(self, drop_last)
+        touched.
+
+        ``pad=True``: every batch has ``batch_size`` rows (``batch_size // shard_count`` per
+        shard), the last one filled up with records repeated from the start of the data, and
+        ``batch[mask_key]`` (default ``"mask"``) is a boolean array, True for the real rows;
+        when the transform returns a dict without that key, it is added to it.
+
+        With shards, each process gets its contiguous part of every batch; a last batch that
+        does not divide into ``shard_count`` equal parts is refused unless ``pad=True`` or
+        ``drop_last=True`` (hosts would otherwise get arrays of different shapes).
+
+        ``pass_id`` keys the random numbers a ``ctx`` transform gets (passes with one
+        ``pass_id`` augment alike; another gives other numbers)."""
+        return Pass(self, drop_last=bool(drop_last), pad=bool(pad), mask_key=mask_key,
+                    pass_id=_u64(pass_id, "pass_id", 0))
 
     # -- position and checkpoints --------------------------------------------------------------
 
@@ -212,15 +335,22 @@ class DataLoader:
     def seek(self, step: int) -> None:
         """Makes ``step`` the next batch; prefetched batches are discarded."""
         self._pipe.seek(_u64(step, "step", 0))
+        for reader in list(self._readers_ahead):
+            reader.source_moved()
 
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs to continue with exactly the next batch: plain
-        ints and strings, safe to store in any checkpoint."""
-        state = {"version": _STATE_VERSION, **self._sampler.state_dict(), "step": self.step}
-        view = self._view()
-        if view:
-            state["view"] = view
-        return state
+    def state_dict(self) -> dict[str, int]:
+        """Everything a resumed run needs to continue with exactly the next batch: a flat dict
+        of Python ints (no strings, no None), so that any checkpoint takes it, Orbax's
+        ``StandardSave`` included. ``mode`` is the mode's integer, ``seed`` the seed as a
+        signed 64-bit value (a seed outside int64 as its 64-bit key), ``view`` a signed 64-bit
+        digest of which subsets the streams are (0: whole datasets). While a prefetcher
+        (``prefetch_to_device``) holds batches taken ahead, ``step`` is the first of them: the
+        next batch the training loop gets."""
+        step = self.step - sum(reader.held_ahead for reader in list(self._readers_ahead))
+        return {"version": _STATE_VERSION, "length": self._length,
+                "batch_size": self._batch_size, "mode": int(self._mode),
+                "seed": _signed64(normalize_seed(self._seed)), "step": step,
+                "view": self._view_id()}
 
     def _view(self) -> str:
         """Which subsets the streams are ("" when every stream is a whole dataset)."""
@@ -228,45 +358,76 @@ class DataLoader:
                if ds.view_digest]
         return ",".join(ids)
 
+    def _view_id(self) -> int:
+        """:meth:`_view` as a signed 64-bit integer (0 for whole datasets)."""
+        view = self._view()
+        if not view:
+            return 0
+        digest = hashlib.blake2b(view.encode(), digest_size=8, person=b"loaderx.view")
+        return _signed64(int.from_bytes(digest.digest(), "little")) or 1
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes at ``state["step"]``. The state must come from a loader with the same seed,
-        mode and batch size over streams of the same length, else ``ValueError``: resuming on
-        changed data would silently give other batches."""
-        if isinstance(state, Mapping) and "length" in state and \
-                state["length"] != self._sampler.length:
+        mode and batch size over streams of the same length and subsets, else
+        ``LoaderxValueError``: resuming on changed data would silently give other batches.
+        Takes this version's checkpoints and version 1's (mode and view as strings), with
+        integers as Python or NumPy integers or 0-d arrays (as checkpointers restore them)."""
+        if not isinstance(state, Mapping):
+            raise LoaderxValueError(f"state_dict must be a dict, got {type(state).__name__}")
+        version = _state_int(state.get("version", 1), "version")
+        if not 1 <= version <= _STATE_VERSION:
             raise LoaderxValueError(
-                f"the checkpoint was taken on streams of {state['length']} records, these hold "
-                f"{self._sampler.length}; the data changed, so the checkpoint's batch sequence "
+                f"the checkpoint has state version {version}; this loaderx reads versions 1 "
+                f"to {_STATE_VERSION} (a newer loaderx wrote it: upgrade to resume it)")
+        missing = [k for k in _STATE_KEYS if k not in state]
+        if missing:
+            raise LoaderxValueError(f"state_dict is missing {', '.join(missing)}")
+        length = _state_int(state["length"], "length")
+        if length != self._length:
+            raise LoaderxValueError(
+                f"the checkpoint was taken on streams of {length} records, these hold "
+                f"{self._length}; the data changed, so the checkpoint's batch sequence "
                 "no longer exists")
-        if isinstance(state, Mapping) and state.get("view", "") != self._view():
+        view = state.get("view", "")
+        same_view = (view == self._view() if isinstance(view, str)
+                     else _state_int(view, "view") == self._view_id())
+        if not same_view:
             raise LoaderxValueError(
-                "the checkpoint was taken on other subsets of the data (view "
-                f"{state.get('view', '') or 'whole datasets'!r}, these streams are "
+                "the checkpoint was taken on other subsets of the data (these streams are "
                 f"{self._view() or 'whole datasets'!r}); resuming would give other batches")
-        # The sampler checks the rest (keys, seed, mode, batch size) and names what differs.
-        plain = {k: v for k, v in state.items() if k != "view"} if isinstance(state, Mapping) \
-            else state
-        self._sampler.load_state_dict(plain)
-        self.seek(state["step"])
+        mode = state["mode"]
+        theirs = {"batch_size": _state_int(state["batch_size"], "batch_size"),
+                  "mode": _mode(mode if isinstance(mode, str) else _state_int(mode, "mode")),
+                  "seed": _state_int(state["seed"], "seed")}
+        ours = {"batch_size": self._batch_size, "mode": self._mode, "seed": self._seed}
+        key = {"seed": normalize_seed}
+        diff = [f"{name}: {_shown(theirs[name])} in the state, {_shown(ours[name])} here"
+                for name in ours
+                if key.get(name, _same)(theirs[name]) != key.get(name, _same)(ours[name])]
+        if diff:
+            raise LoaderxValueError(
+                f"the checkpoint is for a differently configured loader ({', '.join(diff)}); "
+                "resuming would give other batches")
+        self.seek(_state_int(state["step"], "step"))
 
     # -- configuration -------------------------------------------------------------------------
 
     @property
     def batch_size(self) -> int:
-        return self._sampler.batch_size
+        return self._batch_size
 
     @property
     def mode(self) -> Mode:
-        return self._sampler.mode
+        return self._mode
 
     @property
     def seed(self) -> int:
-        return self._sampler.seed
+        return self._seed
 
     @property
     def readahead(self) -> int:
         """How many steps past the one a worker claims have their reads started early."""
-        return self._pipe.readahead
+        return self._readahead
 
     @property
     def num_workers(self) -> int:
@@ -287,10 +448,12 @@ class DataLoader:
     def batch_indices(self, step: int) -> np.ndarray:
         """The record indices this process loads at ``step`` (a uint64 array; its shard of the
         global batch), without loading them."""
-        return self._pipe.rows(self._sampler.batch(step))
+        return self.global_batch_indices(step)[self._positions]
 
     def global_batch_indices(self, step: int) -> np.ndarray:
         """The record indices of the whole global batch ``step``, every shard's rows."""
+        if self._sampler is None:
+            raise LoaderxValueError(self._cannot_sample())
         return self._sampler.batch(step)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -300,8 +463,11 @@ class DataLoader:
         return self._pipe.closed
 
     def close(self) -> None:
-        """Stops and joins the prefetch threads (within about a second); the datasets stay
-        open. Closing twice is harmless."""
+        """Stops the prefetch threads, waiting for them a second at most in all (a thread
+        still inside a transform then ends on its own, its batch discarded); the datasets stay
+        open. Closing twice is harmless; closing from another thread while a ``num_workers=0``
+        ``next()`` builds a batch returns at once, and that ``next()`` raises
+        ``LoaderClosedError`` when its transform returns."""
         self._pipe.stop()
 
     def __enter__(self) -> DataLoader:
@@ -311,13 +477,34 @@ class DataLoader:
         self.close()
 
     def __repr__(self) -> str:
-        s = self._sampler
-        return (f"DataLoader(streams={list(self._streams)}, batch_size={s.batch_size}, "
-                f"mode={s.mode.name.lower()!r}, seed={s.seed}, step={self.step}, "
+        return (f"DataLoader(streams={list(self._streams)}, batch_size={self._batch_size}, "
+                f"mode={self._mode.name.lower()!r}, seed={self._seed}, step={self.step}, "
                 f"num_workers={self._num_workers}"
                 + (f", shard={self.shard_index}/{self.shard_count}" if self.shard_count > 1
                    else "")
                 + f"{', closed' if self.closed else ''})")
+
+
+def _endless_rows(sampler: Sampler | None, positions: np.ndarray,
+                  refusal: str) -> Callable[[int], _Rows]:
+    """The rows of the endless loader's step: this shard's part of the sampler's batch. (A
+    closure over the sampler, not the loader: the workers must not keep the loader alive.)"""
+
+    def rows_of(step: int) -> _Rows:
+        if sampler is None:
+            raise LoaderxValueError(refusal)
+        return _Rows(positions, sampler.batch(step)[positions], None)
+
+    return rows_of
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A configuration value as it is passed in (a mode by its name)."""
+    return repr(value.name.lower()) if isinstance(value, Mode) else repr(value)
 
 
 class Pass:
@@ -325,22 +512,42 @@ class Pass:
     iterator of ``len(pass)`` batch dicts, each record once, in index order. It runs its own
     worker threads, stopped when it is exhausted, closed, or dropped."""
 
-    def __init__(self, loader: DataLoader, drop_last: bool) -> None:
-        length, b = loader._sampler.length, loader.batch_size
-        steps = length // b if drop_last else -(-length // b)
-        index, count = loader.shard_index, loader.shard_count
+    def __init__(self, loader: DataLoader, *, drop_last: bool, pad: bool, mask_key: str,
+                 pass_id: int) -> None:
+        length, b = loader._length, loader.batch_size
+        index, count, per_shard = loader._shard
+        full, rest = divmod(length, b)
+        steps = full if drop_last or not rest else full + 1
+        if pad:
+            if not isinstance(mask_key, str):
+                raise LoaderxTypeError(f"mask_key must be a str, got {type(mask_key).__name__}")
+            if mask_key in loader._streams:
+                raise LoaderxValueError(
+                    f"mask_key {mask_key!r} is also a stream's name; pass another "
+                    "mask_key=... so the mask does not replace the stream")
+        elif count > 1 and steps > full and rest % count:
+            raise LoaderxValueError(
+                f"the pass's last batch holds {rest} records, which do not split evenly into "
+                f"{count} shards (hosts would get arrays of different shapes); use "
+                "loader.epoch(pad=True) -- every batch full, batch['mask'] marking the real "
+                "rows -- or drop_last=True")
+        # The short last batch of an unpadded pass: each shard's equal contiguous part.
+        last = per_shard if pad else rest // count
 
-        def batch_of(step: int) -> np.ndarray:
-            rows = np.arange(step * b, min((step + 1) * b, length), dtype=np.uint64)
-            return np.array_split(rows, count)[index] if count > 1 else rows
+        def rows_of(step: int) -> _Rows:
+            n = per_shard if pad or step < full else last
+            positions = np.arange(index * n, (index + 1) * n, dtype=np.int64)
+            records = step * b + positions
+            indices = (records % length).astype(np.uint64)
+            return _Rows(positions, indices, records < length if pad else None)
 
-        rows = -(-b // count)
+        self._rows_of = rows_of
         self._len = steps
         self._done = False
-        self._pipe = _Pipeline(loader._streams, loader._sampler, loader._pipe.transform,
-                               loader.num_workers, loader._prefetch, (0, count, rows),
-                               loader.readahead, batch_of=batch_of, steps=steps)
-        self._pipe.next_step = self._pipe.claim = self._pipe.prefetched_to = 0
+        self._pipe = _Pipeline(
+            loader._streams, 0, rows_of, loader._job(loader._transform, pass_id),
+            loader.num_workers, loader._prefetch, per_shard if pad or full else last,
+            loader.readahead, steps=steps, mask_key=mask_key if pad else None)
         self._finalizer = weakref.finalize(self, self._pipe.stop)
 
     def __len__(self) -> int:
@@ -363,6 +570,14 @@ class Pass:
     def step(self) -> int:
         """The index of the batch ``next()`` returns next."""
         return self._pipe.step
+
+    def batch_indices(self, step: int) -> np.ndarray:
+        """The record indices this process loads for batch ``step`` of the pass (padding rows
+        included), without loading them: their count is the batch's row count here."""
+        step = _u64(step, "step", 0)
+        if step >= self._len:
+            raise LoaderxValueError(f"the pass has {self._len} batches, not a batch {step}")
+        return self._rows_of(step).indices
 
     def close(self) -> None:
         """Stops the pass's threads; closing twice is harmless."""
@@ -388,6 +603,22 @@ def _shard_rows(batch_size: int, index: Any, count: Any) -> tuple[int, int, int]
     return index, count, batch_size // count
 
 
+class _Rows(NamedTuple):
+    """This shard's rows of one step: their positions in the global batch (int64), their
+    record indices (uint64), and which are real records (None: all of them, no mask)."""
+
+    positions: np.ndarray
+    indices: np.ndarray
+    valid: np.ndarray | None
+
+
+class _Job(NamedTuple):
+    """The transform, and the maker of its ``ctx`` (None: it takes none)."""
+
+    transform: Callable[..., Any]
+    context: Callable[[int, np.ndarray, np.ndarray], BatchContext] | None
+
+
 class _Failure:
     """A worker's exception, carried to the consumer with its traceback."""
 
@@ -407,24 +638,23 @@ def _stop_iteration(error: StopIteration, stage: str, step: int) -> RuntimeError
 
 class _Pipeline:
     """The prefetch machinery. Kept apart from :class:`DataLoader` so that worker threads hold
-    no reference to the loader: dropping the loader finalizes it and stops the threads."""
+    no reference to the loader: dropping the loader finalizes it and stops the threads.
 
-    def __init__(self, streams: dict[str, Stream], sampler: Sampler,
-                 transform: Callable[..., Any], workers: int, prefetch: int,
-                 shard: tuple[int, int, int], readahead: int = 0,
-                 batch_of: Callable[[int], np.ndarray] | None = None,
-                 steps: int | None = None) -> None:
-        index, _, rows = shard
-        self.first_row, self.rows_per_shard = index * rows, rows
-        # The record indices of step k (this shard's rows), and how many steps there are (None:
-        # endless). A finite pass has its own; batches may then be shorter than `rows`.
-        self.batch_of = batch_of or (lambda step: self.rows(self.sampler.batch(step)))
+    ``rows_of(step)`` says which records step ``step`` holds; ``steps`` is how many there are
+    (None: endless). ``rows`` is the most rows a batch has (a pass's last one may have fewer);
+    ``mask_key`` names the mask a padded pass adds to each batch."""
+
+    def __init__(self, streams: dict[str, Stream], start_step: int,
+                 rows_of: Callable[[int], _Rows], job: _Job, workers: int, prefetch: int,
+                 rows: int, readahead: int = 0, steps: int | None = None,
+                 mask_key: str | None = None) -> None:
+        self.rows_of = rows_of
         self.steps = steps
+        self.mask_key = mask_key
         self.streams = [(name, ds, ds.gather_rows, ds.record_bytes, (rows, *ds.item_shape),
                          ds.dtype)
                         for name, ds in streams.items()]
-        self.sampler = sampler
-        self.transform = transform
+        self.transform, self.context = job
         self.workers = workers
         # Up to `prefetch` finished batches wait while `workers` more are being built.
         self.window = prefetch + workers
@@ -432,10 +662,13 @@ class _Pipeline:
         self.pools = [BufferPool(rows * ds.record_bytes, keep)
                       for _, ds, *_ in self.streams]
         self.cond = threading.Condition()
+        # num_workers=0: consumers on several threads build their steps one at a time, without
+        # holding `cond`, so close() never waits behind a transform.
+        self.turn = threading.Lock()
         self.ready: dict[int, Any] = {}
-        self.next_step = sampler.step  # the consumer's position
-        self.claim = self.next_step    # the next step a worker will build
-        self.generation = 0            # bumped by seek, so stale work is dropped
+        self.next_step = start_step     # the consumer's position
+        self.claim = self.next_step     # the next step a worker will build
+        self.generation = 0             # bumped by seek, so stale work is dropped
         self.readahead = readahead
         self.prefetched_to = self.claim  # steps below this were asked for already
         self.threads: list[threading.Thread] = []
@@ -538,9 +771,12 @@ class _Pipeline:
             self.cond.notify_all()
             threads, self.threads = self.threads, []
         me = threading.current_thread()
+        # One deadline for all: a thread stuck in a transform costs the wait once, not once
+        # per thread. A thread still running afterwards sees `closed` and drops its batch.
+        deadline = _clock() + _JOIN_SECONDS
         for t in threads:
             if t is not me and self.pid == os.getpid():
-                t.join(_JOIN_SECONDS)
+                t.join(max(0.0, deadline - _clock()))
         for pool in self.pools:
             pool.close()
 
@@ -574,31 +810,51 @@ class _Pipeline:
         """Batch ``step``, transformed."""
         stage = "building the batch"
         try:
-            batch = self._build(step)
+            rows = self.rows_of(step)
+            batch = self._build(rows.indices)
+            if rows.valid is not None and self.mask_key is not None:
+                batch[self.mask_key] = rows.valid
             stage = "transform"
-            return self.transform(batch)
+            if self.context is None:
+                out = self.transform(batch)
+            else:
+                out = self.transform(batch, ctx=self.context(step, rows.positions,
+                                                             rows.indices))
         except StopIteration as e:
             # Raised from next() it would silently end the consumer's `for` loop; made a
             # RuntimeError as PEP 479 does for generators.
             raise _stop_iteration(e, stage, step) from e
+        if rows.valid is not None and self.mask_key is not None and isinstance(out, dict) \
+                and self.mask_key not in out:
+            out[self.mask_key] = rows.valid  # a collate that built a new dict keeps the mask
+        return out
 
     def _next_in_process(self) -> Any:
         """``num_workers=0``: the consumer's own thread samples, gathers and transforms each
         step (what a debugger or a profiler needs to see), giving the batches any worker count
         gives. An exception propagates from here as raised and leaves the step unconsumed, so
-        the next call builds it again; consumers on several threads take turns."""
-        with self.cond:
-            if self.closed:
-                raise LoaderClosedError("the DataLoader is closed")
-            step = self.next_step
-            if self.steps is not None and step >= self.steps:
-                raise StopIteration
-            ahead = self._steps_ahead(step)
-            if ahead and self._going_to_disk():
-                self._read_ahead(ahead)
-            item = self._produce(step)
-            self.next_step = step + 1
-            return item
+        the next call builds it again; consumers on several threads take turns. ``cond`` is
+        not held while the batch is built: close() returns at once, and the batch is then
+        discarded."""
+        with self.turn:
+            while True:
+                with self.cond:
+                    if self.closed:
+                        raise LoaderClosedError("the DataLoader is closed")
+                    step, generation = self.next_step, self.generation
+                    if self.steps is not None and step >= self.steps:
+                        raise StopIteration
+                    ahead = self._steps_ahead(step)
+                if ahead and self._going_to_disk():
+                    self._read_ahead(ahead)
+                item = self._produce(step)
+                with self.cond:
+                    if self.closed:
+                        raise LoaderClosedError("the DataLoader was closed while this batch "
+                                                "was being built; the batch is discarded")
+                    if generation == self.generation:  # else a seek came: build its step
+                        self.next_step = step + 1
+                        return item
 
     def _steps_ahead(self, step: int) -> range:
         """The steps after ``step`` that nobody has asked the kernel for yet, now marked as
@@ -623,18 +879,13 @@ class _Pipeline:
             for step in steps:
                 if self.steps is not None and step >= self.steps:
                     return
-                idx = self.batch_of(step)
+                idx = self.rows_of(step).indices
                 for _, ds, *_ in self.streams:
                     ds.prefetch(idx)
         except Exception:
             return
 
-    def rows(self, global_batch: np.ndarray) -> np.ndarray:
-        """This shard's contiguous slice of a global batch."""
-        return global_batch[self.first_row:self.first_row + self.rows_per_shard]
-
-    def _build(self, step: int) -> dict[str, np.ndarray]:
-        idx = self.batch_of(step)
+    def _build(self, idx: np.ndarray) -> dict[str, np.ndarray]:
         shards = max(1, _native.num_threads() // max(1, self.workers))
         batch = {}
         for (name, _, gather, row_bytes, shape, dtype), pool in zip(
@@ -646,4 +897,3 @@ class _Pipeline:
                 gather(idx, raw, shards)
             batch[name] = out
         return batch
-

@@ -1,0 +1,108 @@
+"""What a transform may know about the batch it is given, for random augmentation that resumes.
+
+A :class:`~loaderx.dataloader.DataLoader` transform with a parameter named ``ctx`` is called as
+``transform(batch, ctx=ctx)``, ``ctx`` a :class:`BatchContext`. Its random numbers are derived
+from the loader's seed and the batch's step alone -- never from a thread, a worker count, a
+shard count or how many batches came before -- so a run resumed from a checkpoint, or re-run on
+another number of hosts or workers, augments every record exactly as the uninterrupted run did:
+
+* ``ctx.rng`` -- one ``np.random.Generator`` per batch, seeded from ``(seed, step)``: the same
+  on every shard, for decisions shared by the whole global batch (a mixup weight, a resolution);
+* ``ctx.record_seeds`` / ``ctx.record_rngs()`` -- one seed (a uint64) or Generator per row,
+  from ``(seed, step, the row's position in the global batch)``: a record is augmented alike
+  whichever shard or worker builds it.
+
+>>> import numpy as np
+>>> ctx = BatchContext(step=3, seed=7, pass_id=None, shard_index=1, shard_count=2,
+...                    rows=np.arange(2, 4), indices=np.array([9, 4], dtype=np.uint64))
+>>> whole = BatchContext(step=3, seed=7, pass_id=None, shard_index=0, shard_count=1,
+...                      rows=np.arange(4), indices=np.array([5, 0, 9, 4], dtype=np.uint64))
+>>> bool((ctx.record_seeds == whole.record_seeds[2:]).all())
+True
+>>> int(ctx.rng.integers(1 << 30)) == int(whole.rng.integers(1 << 30))
+True
+
+Derivation (frozen: changing it changes every augmented run). The step's key is
+``np.random.SeedSequence([normalize_seed(seed), stream, pass_id, step])`` with ``stream`` 0 for
+the endless loader (``pass_id`` 0) and 1 for a finite pass (``loader.epoch(pass_id=...)``), so a
+pass never repeats the endless loader's numbers. ``rng`` is ``np.random.default_rng`` of that
+SeedSequence. ``record_seeds[i]`` is output number ``rows[i] + 1`` of SplitMix64 started at
+``key.generate_state(1, np.uint64)[0]`` (one vectorized NumPy expression, distinct for distinct
+rows of a step), and ``record_rngs()[i]`` is ``np.random.default_rng(record_seeds[i])``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from loaderx.sampler import normalize_seed
+
+__all__ = ["BatchContext"]
+
+_STREAM_ENDLESS = 0
+_STREAM_PASS = 1
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+@dataclass(frozen=True, eq=False)
+class BatchContext:
+    """The batch a transform is building; see the module documentation.
+
+    * ``step`` -- the batch's step (the endless loader's step, or the batch's index in a pass);
+    * ``seed`` -- the loader's seed, as given;
+    * ``pass_id`` -- ``None`` for the endless loader, the ``pass_id`` of a finite pass;
+    * ``shard_index``, ``shard_count`` -- this process's shard;
+    * ``rows`` -- each row's position in the global batch (int64; this shard's rows);
+    * ``indices`` -- each row's record index (uint64; what ``batch_indices`` says).
+    """
+
+    step: int
+    seed: int
+    pass_id: int | None
+    shard_index: int
+    shard_count: int
+    rows: np.ndarray
+    indices: np.ndarray
+
+    def __post_init__(self) -> None:
+        for name in ("rows", "indices"):
+            array = np.array(getattr(self, name))  # a private, read-only copy
+            array.setflags(write=False)
+            object.__setattr__(self, name, array)
+
+    @functools.cached_property
+    def _key(self) -> np.random.SeedSequence:
+        stream, pass_id = ((_STREAM_ENDLESS, 0) if self.pass_id is None
+                           else (_STREAM_PASS, self.pass_id))
+        return np.random.SeedSequence([normalize_seed(self.seed), stream, pass_id, self.step])
+
+    @functools.cached_property
+    def rng(self) -> np.random.Generator:
+        """The batch's generator, the same on every shard (one per context: drawing from it
+        advances it)."""
+        return np.random.default_rng(self._key)
+
+    @functools.cached_property
+    def record_seeds(self) -> np.ndarray:
+        """One uint64 seed per row, from ``(seed, step, rows[i])`` (read-only)."""
+        start = self._key.generate_state(1, np.uint64)[0]
+        z = start + (self.rows.astype(np.uint64) + np.uint64(1)) * _GOLDEN  # wraps mod 2**64
+        z = (z ^ (z >> np.uint64(30))) * _MIX1
+        z = (z ^ (z >> np.uint64(27))) * _MIX2
+        seeds = z ^ (z >> np.uint64(31))
+        seeds.setflags(write=False)
+        return seeds
+
+    def record_rngs(self) -> list[np.random.Generator]:
+        """One fresh generator per row, ``np.random.default_rng(record_seeds[i])``."""
+        return [np.random.default_rng(int(s)) for s in self.record_seeds]
+
+    def __repr__(self) -> str:
+        where = "endless" if self.pass_id is None else f"pass {self.pass_id}"
+        return (f"BatchContext(step={self.step}, seed={self.seed}, {where}, "
+                f"shard={self.shard_index}/{self.shard_count}, rows={len(self.rows)})")
