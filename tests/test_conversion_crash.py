@@ -21,20 +21,16 @@ from loaderx import copying, staging
 from loaderx.converter import from_numpy
 from loaderx.dataset import DenseDataset
 
-HERE = pathlib.Path(__file__).parent
 OLD = np.arange(60, dtype=np.int32).reshape(20, 3)
 NEW = -np.arange(90, dtype=np.int32).reshape(30, 3)
 EXTRA = np.full((2, 3), 7, dtype=np.int32)
 
 CHILD = textwrap.dedent("""
     import os, sys
-    sys.path.insert(0, sys.argv[1])
     import numpy as np
-    import renames
-    renames.install()
     from loaderx import _native, copying, staging
     from loaderx.converter import from_numpy
-    stop, mode, action, path = sys.argv[2:6]
+    stop, mode, action, path = sys.argv[1:5]
     steps = []
 
     def hook(name):
@@ -66,7 +62,7 @@ CHILD = textwrap.dedent("""
 
 
 def run_child(stop: str, mode: str, action: str, path: pathlib.Path) -> tuple[bool, list[str]]:
-    r = subprocess.run([sys.executable, "-c", CHILD, str(HERE), stop, mode, action, str(path)],
+    r = subprocess.run([sys.executable, "-c", CHILD, stop, mode, action, str(path)],
                        capture_output=True, text=True)
     if r.returncode not in (0, -signal.SIGKILL):
         raise AssertionError(r.stderr)

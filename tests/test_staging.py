@@ -15,13 +15,8 @@ import textwrap
 
 import pytest
 
-import renames
 from loaderx import _native, staging
 from loaderx.errors import DatasetError
-
-renames.install()
-
-HERE = pathlib.Path(__file__).parent
 
 
 def make_tree(path: pathlib.Path, ident: str) -> None:
@@ -159,11 +154,8 @@ def test_a_failed_replace_leaves_both_as_they_were(tmp_path, mode, monkeypatch):
 
 CHILD = textwrap.dedent("""
     import os, pathlib, sys
-    sys.path.insert(0, sys.argv[1])
-    import renames
-    renames.install()
     from loaderx import _native, staging
-    stop, mode, action, target = sys.argv[2:6]
+    stop, mode, action, target = sys.argv[1:5]
     steps = []
     def hook(name):
         steps.append(name)
@@ -194,7 +186,7 @@ CHILD = textwrap.dedent("""
 
 
 def run_child(stop: str, mode: str, action: str, target: pathlib.Path) -> tuple[bool, str]:
-    r = subprocess.run([sys.executable, "-c", CHILD, str(HERE), stop, mode, action,
+    r = subprocess.run([sys.executable, "-c", CHILD, stop, mode, action,
                         str(target)], capture_output=True, text=True)
     if r.returncode not in (0, -signal.SIGKILL):
         raise AssertionError(r.stderr)
