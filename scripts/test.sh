@@ -2,6 +2,8 @@
 # Every check that decides whether a change lands: formatting, lints, the Rust tests, type
 # checks and the Python tests (which include the compatibility test against loaderx==0.9.11 from PyPI).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+echo "== frameworks for the integration tests (torch, JAX, Orbax; once per .venv)"
+bash "$ROOT/scripts/frameworks.sh"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

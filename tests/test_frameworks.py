@@ -1,17 +1,35 @@
-"""PyTorch and JAX integration. Each test skips when its framework is not installed."""
+"""PyTorch, JAX and Orbax integration. In CI (CI=true) a missing framework fails these tests
+(tests/frameworks_required.py); elsewhere they skip. JAX runs only in child processes
+(tests/framework_children.py): it starts threads at import, and other tests fork."""
 
 from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from frameworks_required import need, need_installed
 from loaderx.converter import from_iterator, from_numpy
 from loaderx.dataloader import DataLoader
-from loaderx.dataset import DenseDataset, RaggedDataset, pad
-from loaderx.frameworks import Zip, prefetch_to_device, to_torch, torch_batches
+from loaderx.dataset import DenseDataset, RaggedDataset
+from loaderx.errors import LoaderxValueError
+from loaderx.frameworks import (
+    Zip,
+    pad_collate,
+    prefetch_to_device,
+    prefetch_to_torch,
+    to_torch,
+    torch_batches,
+)
 
 N = 200
 DATA = np.arange(N * 8, dtype=np.float32).reshape(N, 8) * 0.25
+CHILDREN = pathlib.Path(__file__).with_name("framework_children.py")
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +39,39 @@ def dense_path(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def labels_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fw") / "labels"
+    from_numpy(path, np.arange(N) % 7)
+    return path
+
+
+def child(*args, timeout=300):
+    """Runs framework_children.py in a new process; its last stdout line, parsed."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    p = subprocess.run([sys.executable, str(CHILDREN), *map(str, args)], capture_output=True,
+                       text=True, timeout=timeout, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# -- PyTorch ------------------------------------------------------------------------------------
+
+
+def iterate_pinned(torch, loader):
+    """``list(loader)`` of a torch DataLoader made with ``pin_memory=True``. Without an
+    accelerator torch warns that it cannot pin (and does not); exactly that warning is
+    expected then, any other still fails the test."""
+    if torch.accelerator.is_available():
+        return list(loader)
+    with pytest.warns(UserWarning, match="'pin_memory' argument is set as true but no "
+                                         "accelerator is found"):
+        return list(loader)
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_torch_dataloader_with_worker_processes(dense_path, context):
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     ds = DenseDataset(dense_path)
     ds[np.arange(N)]  # the parent has used the native pool before the workers fork
     loader = torch.utils.data.DataLoader(ds, batch_size=32, shuffle=False, num_workers=2,
@@ -44,46 +92,51 @@ def test_torch_dataloader_with_worker_processes(dense_path, context):
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_torch_images_with_labels(dense_path, tmp_path, context):
-    torch = pytest.importorskip("torch")
-    labels = np.arange(N) % 7
-    from_numpy(tmp_path / "labels", labels)
-    pairs = Zip(DenseDataset(dense_path), DenseDataset(tmp_path / "labels"))
+def test_torch_images_with_labels_pinned(dense_path, labels_path, context):
+    torch = need("torch")
+    pairs = Zip(DenseDataset(dense_path), DenseDataset(labels_path))
     gen = torch.Generator().manual_seed(0)
     loader = torch.utils.data.DataLoader(pairs, batch_size=32, shuffle=True, generator=gen,
-                                         num_workers=2, collate_fn=to_torch,
+                                         num_workers=2, collate_fn=to_torch, pin_memory=True,
                                          multiprocessing_context=context)
-    images, targets = (torch.cat(t).numpy() for t in zip(*loader, strict=True))
+    batches = iterate_pinned(torch, loader)
+    assert all(isinstance(b, tuple) and len(b) == 2 for b in batches)
+    pinned = torch.accelerator.is_available()
+    assert all(t.is_pinned() == pinned for b in batches for t in b)
+    images, targets = (torch.cat(t).numpy() for t in zip(*batches, strict=True))
     order = np.argsort(images[:, 0])
     np.testing.assert_array_equal(images[order], DATA)
-    np.testing.assert_array_equal(targets[order], labels)
+    np.testing.assert_array_equal(targets[order], np.arange(N) % 7)
 
 
-def test_zip_pairs_records_without_a_framework(dense_path, tmp_path):
-    from_numpy(tmp_path / "labels", np.arange(N) % 7)
-    pairs = Zip(DenseDataset(dense_path), DenseDataset(tmp_path / "labels"))
+def test_zip_pairs_records_without_a_framework(dense_path, labels_path):
+    pairs = Zip(DenseDataset(dense_path), DenseDataset(labels_path))
     x, y = pairs.__getitems__([5, 1, 9])
     np.testing.assert_array_equal(x, DATA[[5, 1, 9]])
     np.testing.assert_array_equal(y, np.array([5, 1, 9]) % 7)
     assert len(pairs) == N and pairs[3][1] == 3
-    with pytest.raises(ValueError, match="one length"):
-        Zip(DenseDataset(dense_path), DenseDataset(tmp_path / "labels").subset([0]))
+    with pytest.raises(LoaderxValueError, match="one length"):
+        Zip(DenseDataset(dense_path), DenseDataset(labels_path).subset([0]))
+    with pytest.raises(LoaderxValueError, match="at least one"):
+        Zip()
 
 
-def test_torch_ragged_recipe(tmp_path):
-    torch = pytest.importorskip("torch")
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_torch_ragged_recipe_with_worker_processes(tmp_path, context):
+    """pad_collate pickles, so spawn workers take it (a lambda collate_fn does not)."""
+    torch = need("torch")
     recs = [np.arange(n, dtype=np.int64) for n in (3, 1, 4, 1, 5)]
     from_iterator(tmp_path / "r", recs)
     loader = torch.utils.data.DataLoader(
-        RaggedDataset(tmp_path / "r"), batch_size=5,
-        collate_fn=lambda rs: to_torch(pad(rs, pad_value=-1)))
+        RaggedDataset(tmp_path / "r"), batch_size=5, num_workers=1,
+        collate_fn=pad_collate(pad_value=-1), multiprocessing_context=context)
     ((batch, lengths),) = list(loader)
     assert batch.shape == (5, 5) and batch[2].tolist() == [0, 1, 2, 3, -1]
     assert lengths.tolist() == [3, 1, 4, 1, 5]
 
 
 def test_torch_batches_share_memory_with_the_loader(dense_path):
-    torch = pytest.importorskip("torch")
+    torch = need("torch")
     with DataLoader({"x": DenseDataset(dense_path)}, batch_size=16, seed=1) as loader:
         want = DATA[loader.batch_indices(0).astype(np.int64)]
         it = torch_batches(loader)
@@ -94,51 +147,122 @@ def test_torch_batches_share_memory_with_the_loader(dense_path):
         for _ in range(30):
             next(it)
         np.testing.assert_array_equal(first["x"].numpy(), want)
-    t = to_torch({"a": np.ones(3), "b": [np.zeros(2, np.int32)]})
+        # Nothing is taken ahead: the loader's checkpoint is the loop's position.
+        assert loader.state_dict()["step"] == it.step == it.state_dict()["step"] == 31
+    t = to_torch({"a": np.ones(3), "b": [np.zeros(2, np.int32)], "n": 3, "s": "name"})
     assert t["a"].dtype == torch.float64 and t["b"][0].dtype == torch.int32
+    assert t["n"] == 3 and t["s"] == "name"
 
 
-_JAX_SCRIPT = """
-import sys
-import numpy as np
-import jax
-from loaderx.dataloader import DataLoader
-from loaderx.dataset import DenseDataset
-from loaderx.frameworks import prefetch_to_device
+def test_torch_batches_over_a_transform_returning_tensors(dense_path):
+    """Was ``TypeError: expected np.ndarray (got Tensor)``: tensors pass through."""
+    torch = need("torch")
 
-path, n = sys.argv[1], int(sys.argv[2])
-data = np.arange(n * 8, dtype=np.float32).reshape(n, 8) * 0.25
-with DataLoader({"x": DenseDataset(path)}, batch_size=10, seed=2) as loader:
-    want = [data[loader.batch_indices(s).astype(np.int64)] for s in range(6)]
-    it = prefetch_to_device(loader, size=3)
-    got = [next(it) for _ in range(6)]
-for g, w in zip(got, want):
-    assert isinstance(g["x"], jax.Array)
-    np.testing.assert_array_equal(np.asarray(g["x"]), w)
-sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-out = list(prefetch_to_device(iter([{"a": np.arange(4)}, {"a": np.arange(4) + 1}]),
-                              size=5, sharding=sharding))
-assert [np.asarray(o["a"]).tolist() for o in out] == [[0, 1, 2, 3], [1, 2, 3, 4]]
-try:
-    next(prefetch_to_device(iter([]), size=0))
-except ValueError as e:
-    assert "size" in str(e)
-else:
-    raise AssertionError("size=0 accepted")
-print("ok")
-"""
+    def to_tensors(batch):
+        return {"x": torch.from_numpy(batch["x"]) * 2, "raw": batch["x"].copy()}
+
+    with DataLoader({"x": DenseDataset(dense_path)}, batch_size=8, seed=3,
+                    transform=to_tensors) as loader:
+        want = [DATA[loader.batch_indices(s).astype(np.int64)] for s in range(4)]
+        got = [next(it) for it in [torch_batches(loader)] for _ in range(4)]
+    for g, w in zip(got, want, strict=True):
+        assert isinstance(g["x"], torch.Tensor) and isinstance(g["raw"], torch.Tensor)
+        np.testing.assert_array_equal(g["x"].numpy(), w * 2)
+        np.testing.assert_array_equal(g["raw"].numpy(), w)
+
+
+def test_prefetch_to_torch_on_the_cpu(dense_path):
+    need("torch")
+    with DataLoader({"x": DenseDataset(dense_path)}, batch_size=8, seed=4) as loader:
+        want = [DATA[loader.batch_indices(s).astype(np.int64)] for s in range(5)]
+        batches = prefetch_to_torch(loader, "cpu", size=3)
+        got = [next(batches) for _ in range(5)]
+        # On the CPU nothing is copied, so nothing is taken ahead.
+        assert loader.step == batches.step == loader.state_dict()["step"] == 5
+    for g, w in zip(got, want, strict=True):
+        assert g["x"].device.type == "cpu"
+        np.testing.assert_array_equal(g["x"].numpy(), w)
+
+
+def test_prefetch_to_torch_on_a_gpu(dense_path):
+    """The pinned, side-stream path; runs where CUDA is (not in CI, which has no GPU)."""
+    torch = need("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (CI has none; run this test on a GPU machine)")
+    with DataLoader({"x": DenseDataset(dense_path)}, batch_size=8, seed=4) as loader:
+        want = [DATA[loader.batch_indices(s).astype(np.int64)] for s in range(12)]
+        batches = prefetch_to_torch(loader, "cuda", size=3)
+        got = []
+        for _ in range(6):
+            b = next(batches)
+            got.append((b["x"] * 1).cpu().numpy())  # used on the current stream
+        assert batches.step == loader.state_dict()["step"] == 6 and loader.step == 8
+        state = batches.state_dict()
+    with DataLoader({"x": DenseDataset(dense_path)}, batch_size=8, seed=4) as resumed:
+        resumed.load_state_dict(state)
+        got += [b["x"].cpu().numpy() for b, _ in zip(prefetch_to_torch(resumed, "cuda"),
+                                                     range(6), strict=False)]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_torch_save_round_trip_of_the_checkpoint(dense_path, tmp_path):
+    torch = need("torch")
+    with DataLoader({"x": DenseDataset(dense_path)}, batch_size=8, seed=6) as loader:
+        batches = torch_batches(loader)
+        [next(batches) for _ in range(3)]
+        torch.save({"loader": batches.state_dict(), "params": torch.zeros(3)}, tmp_path / "c")
+        after = next(batches)["x"].numpy().copy()
+    state = torch.load(tmp_path / "c", weights_only=True)
+    with DataLoader({"x": DenseDataset(dense_path)}, batch_size=8, seed=6) as resumed:
+        resumed.load_state_dict(state["loader"])
+        np.testing.assert_array_equal(next(torch_batches(resumed))["x"].numpy(), after)
+
+
+# -- JAX and Orbax (child processes) -----------------------------------------------------------
 
 
 def test_jax_prefetch_to_device(dense_path):
-    """Runs in a subprocess: JAX starts threads at import, and other tests fork."""
-    import subprocess
-    import sys
+    need_installed("jax")
+    assert child("prefetch_values", dense_path, N) == {"ok": True}
 
-    if subprocess.run([sys.executable, "-c", "import jax"], capture_output=True).returncode:
-        pytest.skip("JAX is not installed")
-    p = subprocess.run([sys.executable, "-c", _JAX_SCRIPT, str(dense_path), str(N)],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stdout + p.stderr
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_jax_prefetch_checkpoint_resumes_in_a_new_process(dense_path, size):
+    """The finding: with size=k, loader.state_dict() inside the loop was k-1 steps ahead of the
+    step being trained, and the resumed run skipped batches that were never trained."""
+    need_installed("jax")
+    k = 5
+    first = child("train", dense_path, k, size)
+    assert first["state"]["step"] == k and first["via_prefetcher"] == first["state"]
+    second = child("resume", dense_path, k, size, json.dumps(first["state"]))
+    assert first["trained"] + second["resumed"] == first["reference"]
+
+
+def test_orbax_standard_checkpoint_of_loader_and_params(dense_path, tmp_path):
+    """{"loader": state_dict(), "params": ...} through Orbax's StandardCheckpointer (was
+    ``Unsupported type: str for key ('loader', 'mode')``), restored in a new process, with and
+    without an abstract target, resumes exactly."""
+    need_installed("jax", "orbax.checkpoint")
+    k = 4
+    saved = child("orbax_save", dense_path, k, tmp_path / "ckpt")
+    restored = child("orbax_restore", dense_path, k, tmp_path / "ckpt")
+    for name in ("untargeted", "targeted"):
+        assert saved["trained"] + restored[name] == saved["reference"], name
+    assert restored["w"] == saved["w"] and restored["steps"] == k
+
+
+# -- Without the frameworks ---------------------------------------------------------------------
+
+
+def test_import_loaderx_imports_no_framework():
+    code = ("import sys, loaderx\n"
+            "from loaderx import Zip, prefetch_to_device, prefetch_to_torch, torch_batches\n"
+            "from loaderx import jax_process_shard, pad_collate, to_torch, Prefetcher\n"
+            "print(sorted(m for m in ('torch', 'jax', 'orbax') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr
 
 
 def test_helpers_name_the_missing_framework(monkeypatch):
@@ -152,7 +276,11 @@ def test_helpers_name_the_missing_framework(monkeypatch):
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_frameworks)
-    with pytest.raises(ImportError, match="PyTorch"):
-        to_torch(np.ones(2))
+    for call in (lambda: to_torch(np.ones(2)), lambda: torch_batches([]),
+                 lambda: prefetch_to_torch([], "cpu")):
+        with pytest.raises(ImportError, match="PyTorch"):
+            call()
     with pytest.raises(ImportError, match="JAX"):
-        next(prefetch_to_device(iter([np.ones(2)])))
+        prefetch_to_device(iter([np.ones(2)]))
+    with pytest.raises(LoaderxValueError, match="size"):  # checked before the import
+        prefetch_to_device([], size=0)
