@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+import frameworks_required
 from frameworks_required import need, need_installed
 from loaderx.converter import from_iterator, from_numpy
 from loaderx.dataloader import DataLoader
@@ -284,3 +285,14 @@ def test_helpers_name_the_missing_framework(monkeypatch):
         prefetch_to_device(iter([np.ones(2)]))
     with pytest.raises(LoaderxValueError, match="size"):  # checked before the import
         prefetch_to_device([], size=0)
+
+
+def test_a_missing_framework_fails_under_ci_and_skips_elsewhere(monkeypatch):
+    monkeypatch.setattr(frameworks_required, "IN_CI", True)
+    with pytest.raises(pytest.fail.Exception, match="CI=true must run this test"):
+        need("no_such_framework_here")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        need_installed("jax", "no_such_framework_here.sub")
+    monkeypatch.setattr(frameworks_required, "IN_CI", False)
+    with pytest.raises(pytest.skip.Exception, match="not installed"):
+        need("no_such_framework_here")
