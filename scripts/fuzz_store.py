@@ -43,9 +43,9 @@ def build(path: str) -> int:
     from_iterator(path, similar, codec="zstd_dict", dict_size=4096, progress=False,
                   checksums=True)
     from_iterator(path, [rng.integers(0, 255, int(n), dtype=np.uint8) for n in (0, 5, 900)],
-                  codec="raw", progress=False)
+                  codec="raw", progress=False, append=True)
     from_iterator(path, [np.full(int(n), 7, np.uint8) for n in (1, 3000, 17)], codec="zstd",
-                  progress=False)
+                  progress=False, append=True)
     with Zrecord(path) as z:
         return len(z)
 

@@ -94,7 +94,7 @@ def test_we_read_what_the_reference_writes(peer, tmp_path):
 
 def test_reference_reads_datasets_we_convert(peer, tmp_path):
     for codec, arr in ref_peer.dense_arrays():
-        from_numpy(tmp_path / "dense", arr, codec=codec)
+        from_numpy(tmp_path / "dense", arr, codec=codec, append=True)
     from_iterator(tmp_path / "ragged", ref_peer.ragged_arrays())
     peer("dsread", str(tmp_path), str(tmp_path / "read.npz"))
     with np.load(tmp_path / "read.npz") as got:
@@ -120,8 +120,8 @@ def test_we_read_and_extend_datasets_the_reference_converts(peer, tmp_path):
             np.testing.assert_array_equal(g, r)
     # Append with our converters, then the reference reads the whole thing.
     more = dense[:5] * 2
-    from_numpy(tmp_path / "dense", more, codec="zstd_dict")
-    from_iterator(tmp_path / "ragged", [np.ones((3, 2), np.int16)])
+    from_numpy(tmp_path / "dense", more, codec="zstd_dict", append=True)
+    from_iterator(tmp_path / "ragged", [np.ones((3, 2), np.int16)], append=True)
     peer("dsread", str(tmp_path), str(tmp_path / "read.npz"))
     with np.load(tmp_path / "read.npz") as got:
         np.testing.assert_array_equal(got["dense"], np.concatenate([dense, more]))

@@ -192,7 +192,7 @@ def test_the_writer_never_writes_through_a_planted_temporary_file(tmp_path, stor
         target.write_bytes(b"precious bytes, not a schema")
         (store / name).symlink_to(target)
         targets[name] = target
-    assert from_numpy(store, DATA, schema={"note": "second"}) == 2 * len(DATA)
+    assert from_numpy(store, DATA, schema={"note": "second"}, append=True) == 2 * len(DATA)
     for target in targets.values():
         assert target.read_bytes() == b"precious bytes, not a schema"
     # The schema was replaced by a regular file with the new content; this process's

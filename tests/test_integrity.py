@@ -61,7 +61,8 @@ def test_enabling_on_an_existing_dataset_and_appending(tmp_path):
     with Zrecord(tmp_path / "r") as z:
         assert not z.has_checksums()
         assert z.verify()["unchecked"] == 4
-    from_iterator(tmp_path / "r", recs, checksums=True)  # sums the 4 there, then the new 4
+    # Sums the 4 there, then the new 4.
+    from_iterator(tmp_path / "r", recs, checksums=True, append=True)
     with Zrecord(tmp_path / "r") as z:
         assert z.verify() == {"records": 8, "checked": 8, "unchecked": 0, "failures": []}
         z.append(*rel.pack([b"\x00" * 8]))  # any later append is summed too

@@ -287,13 +287,11 @@ def _settle(src: str) -> bool:
 
 def _rename_noreplace(src: str, dst: str) -> bool:
     """Renames ``src`` to ``dst`` unless ``dst`` exists; False when it does."""
-    fn = getattr(_native, "rename_noreplace", None)
-    if fn is not None:
-        try:
-            return bool(fn(src, dst))
-        except OSError as e:
-            if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-                raise
+    try:
+        return _native.rename_noreplace(src, dst)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
     # No RENAME_NOREPLACE here: a hard link is the atomic no-replace for files; a directory
     # is checked and renamed (rename(2) refuses a non-empty one anyway).
     if not os.path.isdir(src) or os.path.islink(src):
@@ -311,11 +309,8 @@ def _rename_noreplace(src: str, dst: str) -> bool:
 
 def _exchange(a: str, b: str) -> bool:
     """Swaps ``a`` and ``b`` atomically; False when the file system cannot."""
-    fn = getattr(_native, "rename_exchange", None)
-    if fn is None:
-        return False
     try:
-        fn(a, b)
+        _native.rename_exchange(a, b)
     except OSError as e:
         if e.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
             return False
