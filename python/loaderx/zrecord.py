@@ -234,12 +234,15 @@ class Zrecord:
     def verify_reads(self, on: bool) -> None:
         self._native.verify_reads = bool(on)
 
-    def verify(self) -> dict[str, Any]:
+    def verify(self, max_listed: int = 1000) -> dict[str, Any]:
         """Decodes every record and checks it against its checksum when one is kept. Returns
         ``records``, ``checked`` (compared with a checksum), ``unchecked`` (decoded, no checksum
-        to compare) and ``failures``: a list of ``(index, message)`` for every damaged record.
-        Damage is reported, not raised."""
-        return self._native.verify()
+        to compare), ``failed`` (damaged records, all counted) and ``failures``: ``(index,
+        message)`` of the damaged records of lowest index, at most ``max_listed`` of them (so
+        memory stays bounded however much is damaged). Damage is reported, not raised."""
+        if isinstance(max_listed, bool) or not isinstance(max_listed, int) or max_listed < 0:
+            raise LoaderxValueError(f"max_listed must be an int >= 0, got {max_listed!r}")
+        return self._native.verify(max_listed)
 
     def close(self) -> None:
         """Syncs, lets the writer lock go and closes the handle. Later calls raise

@@ -30,6 +30,10 @@ pub fn to_py(err: Error) -> PyErr {
         let path = path.display().to_string();
         return match source.raw_os_error() {
             Some(code) => PyOSError::new_err((code, source.to_string(), path)),
+            // The engine's own explanation of a full disk keeps ENOSPC's errno.
+            None if source.kind() == std::io::ErrorKind::StorageFull => {
+                PyOSError::new_err((libc::ENOSPC, source.to_string(), path))
+            }
             None => PyOSError::new_err(format!("{path}: {source}")),
         };
     }

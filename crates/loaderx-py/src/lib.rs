@@ -41,6 +41,23 @@ fn replace_file(py: Python<'_>, dir: std::path::PathBuf, name: &str, data: &[u8]
     exit::detach(py, || zrecord::disk::replace_file(&dir, name, data)).map_err(errors::to_py)
 }
 
+/// Renames `src` to `dst` unless `dst` exists; returns whether it renamed.
+#[pyfunction]
+fn rename_noreplace(
+    py: Python<'_>,
+    src: std::path::PathBuf,
+    dst: std::path::PathBuf,
+) -> PyResult<bool> {
+    exit::detach(py, || zrecord::disk::rename_noreplace(&src, &dst)).map_err(errors::to_py)
+}
+
+/// Swaps the names `a` and `b` atomically (both must exist; `OSError` with `EINVAL` where the
+/// filesystem cannot).
+#[pyfunction]
+fn rename_exchange(py: Python<'_>, a: std::path::PathBuf, b: std::path::PathBuf) -> PyResult<()> {
+    exit::detach(py, || zrecord::disk::rename_exchange(&a, &b)).map_err(errors::to_py)
+}
+
 /// The canonical name of the codec `name` (`zstdict` is the reference's spelling of
 /// `zstd_dict`), or `LoaderxValueError` naming the codecs there are.
 #[pyfunction]
@@ -67,6 +84,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_codec, m)?)?;
     m.add_function(wrap_pyfunction!(replace_file, m)?)?;
+    m.add_function(wrap_pyfunction!(rename_noreplace, m)?)?;
+    m.add_function(wrap_pyfunction!(rename_exchange, m)?)?;
     m.add_function(wrap_pyfunction!(exit::begin_exit, m)?)?;
     #[cfg(feature = "bench")]
     bench::register(m)?;

@@ -3,8 +3,9 @@
 //! they are and declines anything else); this file converts them to slices, releases the GIL
 //! around every engine call and maps errors.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
+use arc_swap::ArcSwapOption;
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -23,21 +24,19 @@ fn codec(name: &str) -> PyResult<Codec> {
 }
 
 /// A zrecord store handle. Holds no lock of its own (a process forked while another thread was
-/// inside a call must still be able to use it): closing flips a flag, and the engine's handle
-/// (its maps and files) lives until the Python object is collected.
+/// inside a call must still be able to use it): the engine's handle sits behind an atomic
+/// pointer. Each call takes a reference to it for its duration, and closing takes it away, so
+/// the maps and files go as soon as the calls in flight have finished, not when the Python
+/// object is collected.
 #[pyclass(name = "Zrecord", module = "loaderx._native", frozen)]
 pub struct Zrecord {
-    store: Store,
-    closed: AtomicBool,
+    store: ArcSwapOption<Store>,
     path: String,
 }
 
 impl Zrecord {
-    fn get(&self) -> PyResult<&Store> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(crate::errors::closed());
-        }
-        Ok(&self.store)
+    fn get(&self) -> PyResult<Arc<Store>> {
+        self.store.load_full().ok_or_else(crate::errors::closed)
     }
 }
 
@@ -57,7 +56,7 @@ impl Zrecord {
         }
         let p = path.clone();
         let store = detach(py, move || Store::open(p, options)).py()?;
-        Ok(Zrecord { store, closed: AtomicBool::new(false), path })
+        Ok(Zrecord { store: ArcSwapOption::from_pointee(store), path })
     }
 
     #[getter]
@@ -72,7 +71,7 @@ impl Zrecord {
 
     #[getter]
     fn closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.store.load().is_none()
     }
 
     fn __len__(&self) -> PyResult<usize> {
@@ -259,13 +258,15 @@ impl Zrecord {
         Ok(())
     }
 
-    fn verify<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    #[pyo3(signature = (max_listed = 1000))]
+    fn verify<'py>(&self, py: Python<'py>, max_listed: usize) -> PyResult<Bound<'py, PyDict>> {
         let store = self.get()?;
-        let r = detach(py, || store.verify()).py()?;
+        let r = detach(py, || store.verify(max_listed)).py()?;
         let d = PyDict::new(py);
         d.set_item("records", r.records)?;
         d.set_item("checked", r.checked)?;
         d.set_item("unchecked", r.unchecked)?;
+        d.set_item("failed", r.failed)?;
         d.set_item("failures", r.failures)?;
         Ok(d)
     }
@@ -293,13 +294,13 @@ impl Zrecord {
         Ok(self.get()?.is_writer())
     }
 
-    /// Syncs and lets the writer lock go; later calls raise. Calls still in flight finish
-    /// first. Closing twice is a no-op.
+    /// Syncs and lets the writer lock go; later calls raise. The maps and files are released
+    /// once the calls still in flight have finished. Closing twice is a no-op.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        let Some(store) = self.store.swap(None) else {
             return Ok(());
-        }
-        let store = &self.store;
-        detach(py, || store.close()).py()
+        };
+        // The last reference (this one, or that of the last call in flight) unmaps and closes.
+        detach(py, move || store.close()).py()
     }
 }

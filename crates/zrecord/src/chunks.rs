@@ -194,8 +194,8 @@ impl ChunkSet {
         }
         let path = self.path(id);
         let file = if create && self.writable {
-            let (file, created) =
-                self.disk.open_or_create(&path).map_err(|e| files::refused(&path, e))?;
+            let (file, created) = files::with_fd_room(|| self.disk.open_or_create(&path))
+                .map_err(|e| files::refused(&path, e))?;
             if created {
                 self.names_changed.store(true, Ordering::Release);
             }

@@ -138,6 +138,8 @@ impl Store {
             })?;
         report.skipped = skipped;
         report.moved = moves.len() as u64;
+        self.epoch.require(&self.disk)?;
+        self.check_staging_space(&moves)?;
 
         self.move_all(moves, old_tail, &mut state)?;
         // Empty records take their packed place before the frontier moves below their old one
@@ -183,6 +185,40 @@ impl Store {
             return Ok(());
         }
         self.move_batch(&batch, state)
+    }
+
+    /// Refuses to start when the filesystem lacks the space the staging area needs (the
+    /// largest batch, at most [`BATCH_BYTES`]): compaction frees space only at its end, so on a
+    /// disk the store has filled it would otherwise fail half-way with `ENOSPC`.
+    fn check_staging_space(&self, moves: &[Move]) -> Result<()> {
+        let moved: u64 = moves.iter().map(|m| u64::from(m.old.phys_length)).sum();
+        let largest = moves.iter().map(|m| u64::from(m.old.phys_length)).max().unwrap_or(0);
+        // A batch closes once the next record would take it past BATCH_BYTES.
+        let need = moved.min(BATCH_BYTES.max(largest));
+        if need == 0 {
+            return Ok(());
+        }
+        let fs = rustix::fs::fstatvfs(&self.meta_file)
+            .map_err(|e| Error::io(&self.dir, std::io::Error::from(e)))?;
+        let free = fs.f_bavail.saturating_mul(fs.f_frsize);
+        if free >= need {
+            return Ok(());
+        }
+        let mib = |n: u64| n.div_ceil(1 << 20);
+        Err(Error::io(
+            &self.dir,
+            std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!(
+                    "compaction stages the records it moves past the end of the data before it \
+                     frees anything, and needs about {} MiB free for that; the filesystem has {} \
+                     MiB free. Free some space (or copy the store to a disk with room, where the \
+                     copy is compact already) and compact again; nothing was changed",
+                    mib(need),
+                    mib(free)
+                ),
+            ),
+        ))
     }
 
     /// The commit: the header names the packed frontier (synced), then the space past it goes

@@ -24,6 +24,9 @@ impl Store {
         // has seen (a converter rolling back its own appends) changes nothing for them.
         let announced = targets.last().is_some_and(|&t| t < u64::from(self.meta.length()));
         if announced {
+            // Other handles learn of the delete through gen.zr; without one (it could not be
+            // made: a full disk) they would read other records at the same indices in silence.
+            self.epoch.require(&self.disk)?;
             self.epoch.begin_change();
         }
         // Descending order: each swap pulls from the current last slot, which no later (smaller)

@@ -34,6 +34,8 @@ pub enum Change {
     SyncFile { file: PathBuf },
     /// A rename (durable only after a [`Change::SyncDir`]).
     Rename { from: PathBuf, to: PathBuf },
+    /// Two names swapped atomically (durable only after a [`Change::SyncDir`]).
+    Exchange { a: PathBuf, b: PathBuf },
     /// A removal (durable only after a [`Change::SyncDir`]).
     Remove { file: PathBuf },
     /// `fsync` of the directory: its names are durable.
@@ -270,6 +272,18 @@ impl Disk {
         }
     }
 
+    /// Swaps the names `a` and `b` atomically (`renameat2(RENAME_EXCHANGE)`): both must exist.
+    /// Fails with `EINVAL` on filesystems that cannot do it.
+    pub fn rename_exchange(&self, a: &Path, b: &Path) -> io::Result<()> {
+        self.change(
+            || {
+                use rustix::fs::{renameat_with, RenameFlags, CWD};
+                renameat_with(CWD, a, CWD, b, RenameFlags::EXCHANGE).map_err(io::Error::from)
+            },
+            || Change::Exchange { a: a.to_path_buf(), b: b.to_path_buf() },
+        )
+    }
+
     /// `rename`.
     pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         self.change(
@@ -303,6 +317,17 @@ impl Disk {
 /// `schema.msgpack`), so that every durable write of the project goes through one routine.
 pub fn replace_file(dir: &Path, name: &str, data: &[u8]) -> Result<()> {
     Disk::default().write_durably(dir, &dir.join(name), data, data.len() as u64)
+}
+
+/// Renames `from` to `to` unless `to` exists (`Ok(false)` then), for the layers above the
+/// engine, so that every rename of the project goes through the storage layer.
+pub fn rename_noreplace(from: &Path, to: &Path) -> Result<bool> {
+    Disk::default().rename_noreplace(from, to).map_err(|e| Error::io(from, e))
+}
+
+/// Swaps the names `a` and `b` atomically (see [`Disk::rename_exchange`]).
+pub fn rename_exchange(a: &Path, b: &Path) -> Result<()> {
+    Disk::default().rename_exchange(a, b).map_err(|e| Error::io(a, e))
 }
 
 /// Durable file creation, built from the changes above (so the journal sees every step).

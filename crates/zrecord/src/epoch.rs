@@ -106,7 +106,10 @@ impl Epoch {
         if now == seen {
             return Ok(now);
         }
-        if now & !MOVES != seen & !MOVES {
+        // A view taken of an interrupted delete (odd count, nobody deleting) stays valid when a
+        // writer later settles that count: the settling is the one step from odd to even.
+        let settled = deleting(seen) && now & !MOVES == (seen & !MOVES).wrapping_add(EPOCH_CHANGE);
+        if now & !MOVES != seen & !MOVES && !settled {
             return Err(Error::Changed(
                 "records were deleted, or the store was replaced, by another handle or process \
                  since this handle last looked: indices may now name other records. Call \
@@ -128,18 +131,24 @@ impl Epoch {
 
     /// Accepts the store as it is now as this handle's view, once no delete is under way in
     /// another handle (waiting up to [`SETTLE`] for one to finish; a delete takes milliseconds).
-    pub fn accept(&self) -> Result<()> {
+    /// `deleter_alive` says whether some handle may be deleting now (it holds the writer
+    /// lock): when none is, an odd count is a delete that was killed half-way, and the store is
+    /// accepted as that delete left it at once -- every entry of it is valid (see `delete.rs`),
+    /// and a writer settling the count later does not change this view.
+    pub fn accept(&self, deleter_alive: impl Fn() -> bool) -> Result<()> {
         let deadline = Instant::now() + SETTLE;
         loop {
             let now = self.current();
-            if !deleting(now) {
+            // A deleter ends its change before it lets the lock go: looking at the count again
+            // after finding no deleter tells a finished delete from a killed one.
+            if !deleting(now) || (!deleter_alive() && self.current() == now) {
                 self.seen.store(now, Ordering::Relaxed);
                 return Ok(());
             }
             if Instant::now() >= deadline {
                 return Err(Error::Busy(format!(
-                    "another handle has been deleting records for over {} s (if a process was \
-                     killed while deleting, open the store for writing once to settle it)",
+                    "another handle has been deleting records for over {} s and still holds the \
+                     writer lock; try again once it is done",
                     SETTLE.as_secs()
                 )));
             }
@@ -148,11 +157,11 @@ impl Epoch {
     }
 
     /// Takes the view of a handle that just opened: the store as it is, once no delete is under
-    /// way. If one never finishes (a deleter was killed and nobody could settle it), the view is
-    /// left unaccepted, so reads fail with [`Error::Changed`] and `refresh()` explains, rather
-    /// than read a half-applied delete.
-    pub fn settle_at_open(&self) {
-        if self.accept().is_err() {
+    /// way (see [`Epoch::accept`]). If one does not finish in time, the view is left
+    /// unaccepted, so reads fail with [`Error::Changed`] and `refresh()` explains, rather than
+    /// read a half-applied delete.
+    pub fn settle_at_open(&self, deleter_alive: impl Fn() -> bool) {
+        if self.accept(deleter_alive).is_err() {
             self.seen.store(self.current() ^ EPOCH_CHANGE, Ordering::Relaxed);
         }
     }
@@ -160,6 +169,22 @@ impl Epoch {
     /// Whether a delete is under way (or was interrupted) in some handle.
     pub fn deleting(&self) -> bool {
         deleting(self.current())
+    }
+
+    /// Makes sure `gen.zr` exists and is mapped before a change other handles must learn of (a
+    /// delete, compaction moves, a replacement): without it, nobody could tell them, so the
+    /// change is refused (e.g. a full disk) rather than made in silence.
+    pub fn require(&self, disk: &Disk) -> Result<()> {
+        if self.attached() {
+            return Ok(());
+        }
+        let dir = self.path.parent().unwrap_or_else(|| Path::new("."));
+        create(dir, &self.path, disk)?;
+        if self.attach()? {
+            Ok(())
+        } else {
+            Err(Error::io(&self.path, std::io::Error::from(std::io::ErrorKind::NotFound)))
+        }
     }
 
     /// Announces a delete before it touches the table: the change count becomes odd.

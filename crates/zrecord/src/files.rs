@@ -38,7 +38,9 @@ fn kind_of(meta: &std::fs::Metadata) -> &'static str {
 /// Opens the existing store file `path` (read-only, or read-write with `write`). `Ok(None)` if
 /// it does not exist; a corruption error if it is not a regular file.
 pub(crate) fn open_existing(path: &Path, write: bool) -> Result<Option<File>> {
-    let opened = OpenOptions::new().read(true).write(write).custom_flags(OPEN_FLAGS).open(path);
+    let opened = with_fd_room(|| {
+        OpenOptions::new().read(true).write(write).custom_flags(OPEN_FLAGS).open(path)
+    });
     match opened {
         Ok(file) => {
             check_regular(&file, path)?;
@@ -46,6 +48,26 @@ pub(crate) fn open_existing(path: &Path, write: bool) -> Result<Option<File>> {
         }
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
         Err(e) => Err(refused(path, e)),
+    }
+}
+
+/// Runs `open`; if it failed because the process has as many files open as its soft limit
+/// allows (`EMFILE`; 1024 by default, and a store keeps one descriptor per chunk file), raises
+/// the soft limit to the hard one and runs it once more.
+pub(crate) fn with_fd_room<T>(open: impl Fn() -> io::Result<T>) -> io::Result<T> {
+    match open() {
+        Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
+            use rustix::process::{getrlimit, setrlimit, Resource};
+            let mut limit = getrlimit(Resource::Nofile);
+            if limit.current.is_some() && limit.current < limit.maximum || limit.maximum.is_none() {
+                limit.current = limit.maximum;
+                if setrlimit(Resource::Nofile, limit).is_ok() {
+                    return open();
+                }
+            }
+            Err(e)
+        }
+        result => result,
     }
 }
 

@@ -53,13 +53,13 @@ pub fn inherited(opened: u64) -> bool {
 }
 
 /// Lists a writer-lock descriptor for closing in forked children. Returns its slot, if any.
-pub fn register_lock_fd(fd: RawFd) -> Option<usize> {
+pub(crate) fn register_lock_fd(fd: RawFd) -> Option<usize> {
     LOCK_FDS
         .iter()
         .position(|slot| slot.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed).is_ok())
 }
 
 /// Takes a descriptor off the list before its owner closes it.
-pub fn unregister_lock_fd(slot: usize, fd: RawFd) {
+pub(crate) fn unregister_lock_fd(slot: usize, fd: RawFd) {
     let _ = LOCK_FDS[slot].compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
 }

@@ -34,7 +34,7 @@ mod epoch;
 mod error;
 pub mod failpoint;
 mod files;
-mod fork;
+pub mod fork;
 pub mod format;
 mod frontier;
 mod gather;

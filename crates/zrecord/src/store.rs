@@ -20,7 +20,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::access::{inherited_handle, Activity, WriterLock};
@@ -107,8 +107,8 @@ pub struct Store {
     writing: AtomicBool,
     /// Deletes and compactions by other handles (`gen.zr`).
     pub(crate) epoch: Epoch,
-    /// The header length at the last attempt to map a `gen.zr` that did not exist.
-    epoch_tried_at: AtomicU32,
+    /// The header's length and tail at the last attempt to map a `gen.zr` that did not exist.
+    epoch_tried_at: (AtomicU32, AtomicU64),
     /// The fork epoch the handle was opened in (see `fork.rs`).
     fork_epoch: u64,
     pub(crate) chunks: ChunkSet,
@@ -177,7 +177,7 @@ impl Store {
             len: PublishedLen::new(header.length),
             writing: AtomicBool::new(false),
             epoch,
-            epoch_tried_at: AtomicU32::new(header.length),
+            epoch_tried_at: (AtomicU32::new(header.length), AtomicU64::new(tail_of(&header))),
             fork_epoch,
             meta_identity,
             writer: Mutex::new(WriterState {
@@ -202,7 +202,7 @@ impl Store {
             read_only_errno,
         };
         store.settle_interrupted_delete();
-        store.epoch.settle_at_open();
+        store.epoch.settle_at_open(|| store.deleter_alive());
         store.load_dict()?;
         store.load_sums()?;
         Ok(store)
@@ -317,9 +317,9 @@ impl Store {
     pub(crate) fn consistent_read<T>(&self, mut read: impl FnMut() -> Result<T>) -> Result<T> {
         let mut dict_reloaded = false;
         for _ in 0..READ_ATTEMPTS {
-            let start = self.begin_read()?;
+            let (start, stamp) = self.begin_read()?;
             let out = read();
-            if !self.epoch.unchanged_since(start) {
+            if !self.epoch.unchanged_since(start) || stamp.is_some_and(|s| s != self.stamp()) {
                 continue;
             }
             match out {
@@ -336,16 +336,34 @@ impl Store {
         Err(Error::Busy("another process keeps moving records (compaction); try again".into()))
     }
 
-    /// The epoch a read starts at, after checking this handle's view (see `epoch.rs`).
-    fn begin_read(&self) -> Result<u64> {
+    /// The header's length and tail now.
+    fn stamp(&self) -> (u32, u64) {
+        let header = self.meta.header();
+        (header.length, tail_of(&header))
+    }
+
+    /// The epoch a read starts at, after checking this handle's view (see `epoch.rs`), and, for a
+    /// handle without `gen.zr`, the header's length and tail it starts at.
+    ///
+    /// Without `gen.zr` (none when this handle opened: a store 0.9.11 wrote), the handle looks
+    /// for one again whenever the header's length or tail changed since it last looked: every
+    /// delete changes the length, every compaction the tail before it writes over live bytes,
+    /// and a writer makes `gen.zr` before either (`Epoch::require`). A read that overlapped such
+    /// a change is read again.
+    fn begin_read(&self) -> Result<(u64, Option<(u32, u64)>)> {
+        let mut stamp = None;
         if !self.epoch.attached() {
-            // No gen.zr when this handle opened: look again whenever a writer has synced since.
-            let now = self.meta.length();
-            if self.epoch_tried_at.swap(now, Ordering::Relaxed) != now {
+            let now = self.stamp();
+            let len_seen = self.epoch_tried_at.0.swap(now.0, Ordering::Relaxed);
+            let tail_seen = self.epoch_tried_at.1.swap(now.1, Ordering::Relaxed);
+            if (len_seen, tail_seen) != now {
                 self.epoch.attach()?;
             }
+            if !self.epoch.attached() {
+                stamp = Some(now);
+            }
         }
-        self.epoch.begin(|| self.chunks.revalidate())
+        Ok((self.epoch.begin(|| self.chunks.revalidate())?, stamp))
     }
 
     /// Accepts the store as other handles left it: after they deleted records (which makes
@@ -354,7 +372,7 @@ impl Store {
     pub fn refresh(&self) -> Result<()> {
         self.epoch.attach()?;
         self.settle_interrupted_delete();
-        self.epoch.accept()?;
+        self.epoch.accept(|| self.deleter_alive())?;
         self.chunks.revalidate();
         self.load_dict()?;
         self.load_sums()
@@ -362,7 +380,9 @@ impl Store {
 
     /// A delete killed half-way leaves the change count odd, which makes every other handle
     /// wait for it. Whoever can take the writer lock knows no delete is under way and settles
-    /// it; a handle that holds the lock already does the same.
+    /// it; a handle that holds the lock already does the same. A handle that cannot write
+    /// (read-only media, no permission) cannot settle it on disk, but it can still tell that
+    /// nobody is deleting (see [`Store::deleter_alive`]) and then takes the store as it is.
     fn settle_interrupted_delete(&self) {
         if !self.epoch.deleting() || self.read_only_errno.is_some() {
             return;
@@ -372,6 +392,15 @@ impl Store {
         } else if let Ok(_lock) = WriterLock::acquire(&self.meta_path, self.meta_identity) {
             self.epoch.settle_interrupted();
         }
+    }
+
+    /// Whether some handle may be deleting now: one holds the writer lock (a delete runs only
+    /// under it). A delete killed half-way leaves the count odd with nobody holding the lock.
+    fn deleter_alive(&self) -> bool {
+        if self.is_writer() {
+            return false; // this handle holds the lock, and its own deletes are not under way
+        }
+        matches!(WriterLock::acquire(&self.meta_path, self.meta_identity), Err(Error::Busy(_)))
     }
 
     /// The writer mutex. A handle inherited across fork never takes it (a parent thread may
@@ -436,6 +465,7 @@ impl Store {
         let mut state = self.lock_writer()?;
         self.ensure_writer(&mut state)?;
         self.sync_locked(&mut state)?;
+        self.epoch.require(&self.disk)?;
         self.epoch.retire();
         Ok(())
     }
@@ -634,6 +664,11 @@ impl Drop for Store {
             let _ = self.sync();
         }
     }
+}
+
+/// The append frontier a header names, as one number.
+fn tail_of(header: &Header) -> u64 {
+    (u64::from(header.tail_chunk) << 32) | u64::from(header.tail_offset)
 }
 
 fn check_header(h: &Header, path: &Path, capacity: u64) -> Result<()> {

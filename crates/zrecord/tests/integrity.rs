@@ -32,7 +32,7 @@ fn enabling_sums_existing_records_and_later_appends() {
     let store = open(dir.path(), Codec::Zstd);
     let mut recs = mixed(&store);
     assert!(!store.has_checksums());
-    let r = store.verify().unwrap();
+    let r = store.verify(usize::MAX).unwrap();
     assert_eq!((r.records, r.checked, r.unchecked, r.failures.len()), (60, 0, 60, 0));
     assert_eq!(store.enable_checksums().unwrap(), 60);
     assert_eq!(store.enable_checksums().unwrap(), 0, "enabling twice is a no-op");
@@ -41,7 +41,7 @@ fn enabling_sums_existing_records_and_later_appends() {
     drop(store);
     let store = open(dir.path(), Codec::Zstd);
     assert!(store.has_checksums());
-    let r = store.verify().unwrap();
+    let r = store.verify(usize::MAX).unwrap();
     assert_eq!((r.records, r.checked, r.unchecked), (120, 120, 0));
     assert!(r.failures.is_empty(), "{:?}", r.failures);
     assert!(read_all(&store) == recs);
@@ -63,7 +63,7 @@ fn a_changed_raw_byte_is_caught_by_verify_and_by_checked_reads() {
     // Without checking, a raw record's damage is invisible: the bytes simply differ.
     let got = read(&store, &[7])[0].clone();
     assert!(got != recs[7] && got.len() == recs[7].len());
-    let r = store.verify().unwrap();
+    let r = store.verify(usize::MAX).unwrap();
     assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
     assert_eq!(r.failures[0].0, 7);
     assert!(r.failures[0].1.contains("checksum"), "{}", r.failures[0].1);
@@ -91,7 +91,7 @@ fn zstd_frames_carry_their_own_checksum_once_sums_are_on() {
     let store = open(dir.path(), Codec::Zstd);
     let mut dst = vec![0u8; recs[40].len()];
     assert!(matches!(store.gather(&[40], &mut dst, &[0]), Err(Error::Corrupt { .. })));
-    let r = store.verify().unwrap();
+    let r = store.verify(usize::MAX).unwrap();
     assert_eq!(r.failures.iter().map(|f| f.0).collect::<Vec<_>>(), vec![40]);
 }
 
@@ -108,7 +108,7 @@ fn delete_and_compaction_keep_checksums_bound() {
         model.swap_remove(t as usize);
     }
     assert!(store.compact().unwrap().moved > 0);
-    let r = store.verify().unwrap();
+    let r = store.verify(usize::MAX).unwrap();
     assert_eq!((r.checked, r.unchecked, r.failures.len()), (model.len() as u64, 0, 0));
     store.set_verify_reads(true);
     assert!(read_all(&store) == model);
@@ -143,7 +143,7 @@ fn records_changed_without_the_checksum_file_are_unchecked_not_damaged() {
     };
     std::fs::rename(dir.path().join("../sums.zr.aside"), path.join("sums.zr")).unwrap();
     let store = open_small_chunks(path, Codec::Zstd, 8192);
-    let r = store.verify().unwrap();
+    let r = store.verify(usize::MAX).unwrap();
     assert!(r.failures.is_empty(), "{:?}", &r.failures[..r.failures.len().min(3)]);
     assert!(r.unchecked >= 60 && r.checked > 0, "{r:?}");
     store.set_verify_reads(true);

@@ -190,6 +190,13 @@ impl World {
                 let id = self.names.remove(&self.name(from)).expect("rename of a missing file");
                 self.names.insert(self.name(to), id);
             }
+            Change::Exchange { a, b } => {
+                let (a, b) = (self.name(a), self.name(b));
+                let first = self.names.remove(&a).expect("exchange of a missing file");
+                let second = self.names.remove(&b).expect("exchange of a missing file");
+                self.names.insert(a, second);
+                self.names.insert(b, first);
+            }
             Change::Remove { file } => {
                 self.names.remove(&self.name(file));
             }
