@@ -210,3 +210,29 @@ def test_write_refuses_an_oversized_schema_before_writing(tmp_path):
     with pytest.raises(DatasetError, match="over the"):
         _schema.write(str(tmp_path), big)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(("key", "value", "why"), [
+    # 2^32 * 2^32: the int64 product wraps to 0, and 4-byte records passed verify while every
+    # read failed.
+    ("item_shape", [2**31 - 1, 2**31 - 1, 2**31 - 1], "over the"),
+    ("item_shape", [65536, 65536, 65536, 65536], "over the"),
+    ("item_shape", [1] * 40, "at most 32"),
+    # Strings NumPy's dtype parser answers with SyntaxError or ValueError, not TypeError.
+    ("dtype", "f4,,", "not a NumPy dtype"),
+    ("dtype", "i4,(2,", "not a NumPy dtype"),
+    ("dtype", "[('a', 'f4')", "not a NumPy dtype"),
+])
+@pytest.mark.parametrize("kind", ["dense", "ragged"])
+def test_schema_values_that_used_to_pass_parse(store, key, value, why, kind):
+    """Values that parse() accepted before: a shape whose size overflows 64 bits, a dtype string
+    that makes NumPy raise SyntaxError (a traceback from DenseDataset and `loaderx info`)."""
+    body = schema_body(kind=kind, **{key: value})
+    with pytest.raises(DatasetError, match=why):
+        _schema.parse(body, "schema.msgpack")
+    (store / "schema.msgpack").write_bytes(msgpack.packb(body))
+    with pytest.raises(DatasetError, match=why):
+        DenseDataset(store)
+    r = subprocess.run([sys.executable, "-m", "loaderx", "info", str(store)],
+                       capture_output=True, text=True, timeout=DEADLINE)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr

@@ -10,6 +10,7 @@ Records themselves are plain Zrecord byte records; see docs/FORMAT.md.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import stat
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ RESERVED = ("kind", "dtype", "item_shape", "format", "version", "codec")
 #: Largest ``schema.msgpack`` read or written: the file is metadata, so anything bigger is
 #: refused (on reading as a corrupt store, on writing before the store is touched).
 MAX_SCHEMA_BYTES = 1 << 20
+#: Most dimensions of one item (NumPy allows 64 in all, one of them the record axis).
+MAX_ITEM_DIMS = 32
 
 
 def check_dtype(dtype: Any, where: str) -> np.dtype:
@@ -40,7 +43,7 @@ def check_dtype(dtype: Any, where: str) -> np.dtype:
     """
     try:
         dt = np.dtype(dtype)
-    except TypeError as e:
+    except (TypeError, ValueError, SyntaxError) as e:  # NumPy's parser raises all three
         raise DatasetError(f"{where}: {dtype!r} is not a NumPy dtype ({e})") from None
     if dt.hasobject:
         raise DatasetError(f"{where}: object dtype {dt} cannot be stored (records are raw bytes)")
@@ -65,7 +68,7 @@ class Schema:
     @property
     def item_bytes(self) -> int:
         """Bytes of one dense record, or of one row of a ragged record."""
-        return int(np.prod(self.item_shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.item_shape) * self.dtype.itemsize  # exact: Python ints
 
     def describe(self) -> str:
         return f"{self.kind} {self.dtype.str}{tuple(self.item_shape)}"
@@ -205,15 +208,20 @@ def parse(body: Any, file: str) -> Schema:
         raise DatasetError(f"{file}: dtype {body.get('dtype')!r} is not a dtype string")
     dtype = check_dtype(body["dtype"], file)
     shape = body.get("item_shape")
-    if not isinstance(shape, (list, tuple)) or not all(
+    if not isinstance(shape, (list, tuple)) or len(shape) > MAX_ITEM_DIMS or not all(
         isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31 for d in shape
     ):
-        raise DatasetError(f"{file}: item_shape {shape!r} is not a list of non-negative ints")
+        raise DatasetError(f"{file}: item_shape {shape!r} is not a list of at most "
+                           f"{MAX_ITEM_DIMS} non-negative ints")
     codec = body.get("codec", "zstd")
     extra = {k: v for k, v in body.items() if k not in RESERVED}
     schema = Schema(kind, dtype, tuple(shape), str(codec), extra)
-    if schema.item_bytes > _native.MAX_RECORD_BYTES and kind == "dense":
-        raise DatasetError(f"{file}: a {schema.describe()} record is over the 1 MiB limit")
+    if schema.item_bytes > _native.MAX_RECORD_BYTES:
+        # A dense record, or one row of a ragged record, must fit in one record (the product is
+        # exact, so a shape whose product overflows 64 bits is caught here too).
+        what = "record" if kind == "dense" else "row of a record"
+        raise DatasetError(f"{file}: one {what} of {schema.describe()} is {schema.item_bytes} "
+                           f"bytes, over the {_native.MAX_RECORD_BYTES}-byte record limit")
     return schema
 
 
