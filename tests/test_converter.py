@@ -531,3 +531,18 @@ def test_relative_paths_and_a_parent_of_dot(tmp_path, monkeypatch):
     assert sorted(os.listdir(".")) == ["d", "r", "sub"] and os.listdir("sub") == ["x"]
     with DenseDataset("d") as ds:
         np.testing.assert_array_equal(ds[:], arr)
+
+
+def test_overwrite_through_a_symbolic_link_is_refused(tmp_path):
+    """A swap would replace the link itself and retire the dataset it points to."""
+    from_numpy(tmp_path / "real", np.ones((2, 2), np.int8))
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    with pytest.raises(DatasetError, match="symbolic link"):
+        from_numpy(tmp_path / "link", np.zeros((3, 2), np.int8), overwrite=True)
+    assert from_numpy(tmp_path / "link", np.ones((1, 2), np.int8), append=True) == 3
+    assert from_numpy(tmp_path / "real", np.zeros((3, 2), np.int8), overwrite=True) == 3
+
+
+def test_missing_parent_directories_are_created(tmp_path):
+    assert from_numpy(tmp_path / "a" / "b" / "d", np.ones((2, 2), np.int8)) == 2
+    assert os.listdir(tmp_path / "a" / "b") == ["d"]

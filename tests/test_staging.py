@@ -308,3 +308,25 @@ def _dead_pid() -> int:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
     return p.pid
+
+
+def test_publish_never_replaces_where_rename_noreplace_is_unsupported(tmp_path, monkeypatch):
+    def unsupported(src, dst):
+        raise OSError(errno.EINVAL, "not supported here")
+
+    monkeypatch.setattr(_native, "rename_noreplace", unsupported)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "mine").write_text("mine")
+    (tmp_path / "file").write_text("file")
+    with staging.private_dir(tmp_path / "taken", "new") as d:
+        pathlib.Path(d, "x").write_text("x")
+        with pytest.raises(DatasetError, match="taken"):
+            staging.publish(d, tmp_path / "taken")
+    with staging.private_file(tmp_path / "file", "pack") as (path, fd):
+        with pytest.raises(DatasetError, match="file"):
+            staging.publish(path, tmp_path / "file")
+    with staging.private_file(tmp_path / "new", "pack") as (path, fd):
+        os.write(fd, b"new")
+        staging.publish(path, tmp_path / "new")
+    assert (tmp_path / "file").read_text() == "file" and (tmp_path / "new").read_text() == "new"
+    assert sorted(os.listdir(tmp_path)) == ["file", "new", "taken"]

@@ -238,6 +238,11 @@ class _Conversion:
         # no writer can slip in between (its appends would vanish with the old directory).
         self.old: Zrecord | None = None
         if self.replacing:
+            if os.path.islink(self.path.rstrip(os.sep) or os.sep):
+                # A swap would replace the link, and retire the dataset it points to.
+                raise DatasetError(f"{self.path} is a symbolic link: overwrite=True replaces a "
+                                   f"directory; pass the link's target "
+                                   f"({os.path.realpath(self.path)}) or remove the link")
             if staging.is_mount_point(self.path):
                 raise DatasetError(f"{self.path} is a mount point: overwrite=True cannot swap "
                                    "a dataset there; remove its files first (converting into "

@@ -49,8 +49,10 @@ Recovery, when the owner is gone (``ready`` unlocked): S0 -- the staging is remo
 target exists) -- ``ready`` is removed (rolled back); S2 (no target) -- ``ready`` is renamed to
 the target (rolled forward), then the old is removed; S3 (no ``ready``, the target exists) --
 the old is removed. An ``old`` with neither ``ready`` nor target (someone removed the new one)
-is renamed back. So the target always holds the old or the new directory, complete, between
-any two steps, and after a power cut.
+is renamed back. So with the exchange the target holds the old or the new directory, complete,
+at every moment and after a power cut; without it, the same holds except in S2, where the
+target is missing until the next :func:`remove_stale` (every conversion and copy runs it first)
+rolls the new one forward.
 
 Mount points: an empty directory that is a mount point cannot be renamed onto (``EBUSY``), so
 the new entry is built in a private directory *inside* it and :func:`move_in` moves the files
