@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -31,6 +32,11 @@ from loaderx.frameworks import (
 N = 200
 DATA = np.arange(N * 8, dtype=np.float32).reshape(N, 8) * 0.25
 CHILDREN = pathlib.Path(__file__).with_name("framework_children.py")
+README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+# README examples that need a framework are fenced ```python torch / ```python jax: run here
+# as scripts of their own (as a user pastes them, spawn workers and all), not by test_docs,
+# which runs plain ```python blocks inside the test process.
+FRAMEWORK_EXAMPLE = re.compile(r"```python (torch|jax)\n(.*?)```", re.S)
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +257,23 @@ def test_orbax_standard_checkpoint_of_loader_and_params(dense_path, tmp_path):
     for name in ("untargeted", "targeted"):
         assert saved["trained"] + restored[name] == saved["reference"], name
     assert restored["w"] == saved["w"] and restored["steps"] == k
+
+
+def test_readme_framework_examples_run_as_pasted(tmp_path):
+    examples = FRAMEWORK_EXAMPLE.findall(README.read_text())
+    assert {kind for kind, _ in examples} == {"torch", "jax"}, \
+        "the README has a ```python torch and a ```python jax example"
+    for i, (kind, code) in enumerate(examples):
+        if kind == "torch":
+            need("torch")
+        else:
+            need_installed("jax", "orbax.checkpoint")
+        script = tmp_path / f"readme_{i}_{kind}.py"
+        script.write_text(code)
+        p = subprocess.run([sys.executable, "-W", "error", str(script)], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        assert p.returncode == 0, f"README {kind} example {i}:\n{code}\n{p.stdout}{p.stderr}"
 
 
 # -- Without the frameworks ---------------------------------------------------------------------
