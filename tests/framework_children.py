@@ -188,6 +188,32 @@ def distributed(port: str, process_id: str, path: str, n: str) -> dict:
     return result
 
 
+def torch_distributed(port: str, rank: str, path: str, n: str) -> dict:
+    """One of two processes of a torch.distributed job (gloo, CPU): torch_process_shard, and
+    the hosts' slices of each step gathered back into the global batch."""
+    import torch
+    import torch.distributed as dist
+
+    from loaderx import torch_batches, torch_process_shard
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=int(rank),
+                            world_size=2)
+    index, count = torch_process_shard()
+    data = make_data(int(n))
+    same = []
+    with loader_for(path, shard_index=index, shard_count=count) as loader:
+        batches = torch_batches(loader)
+        for step in range(3):
+            local = next(batches)["x"]
+            parts = [torch.empty_like(local) for _ in range(count)]
+            dist.all_gather(parts, local)
+            whole = data[loader.global_batch_indices(step).astype(np.int64)]
+            same.append(bool((torch.cat(parts).numpy() == whole).all()))
+        state = batches.state_dict()
+    dist.destroy_process_group()
+    return {"shard": [index, count], "same": same, "step": state["step"]}
+
+
 if __name__ == "__main__":
     name, *args = sys.argv[1:]
     print(json.dumps(globals()[name](*args)))
