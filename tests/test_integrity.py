@@ -34,7 +34,8 @@ def test_converted_with_checksums_verify_and_catch_a_changed_byte(tmp_path):
     from_numpy(tmp_path / "d", DATA, codec="raw", checksums=True)
     with Zrecord(tmp_path / "d") as z:
         assert z.has_checksums() and z.stats()["checksums"]
-        assert z.verify() == {"records": 64, "checked": 64, "unchecked": 0, "failures": []}
+        assert z.verify() == {"records": 64, "checked": 64, "unchecked": 0, "failed": 0,
+                              "failures": []}
         at = raw_offset(z, 9) + 17
     flip(tmp_path / "d" / "0.zr", at)
     # Unchecked reads of a raw store cannot see the damage...
@@ -64,7 +65,8 @@ def test_enabling_on_an_existing_dataset_and_appending(tmp_path):
     # Sums the 4 there, then the new 4.
     from_iterator(tmp_path / "r", recs, checksums=True, append=True)
     with Zrecord(tmp_path / "r") as z:
-        assert z.verify() == {"records": 8, "checked": 8, "unchecked": 0, "failures": []}
+        assert z.verify() == {"records": 8, "checked": 8, "unchecked": 0, "failed": 0,
+                              "failures": []}
         z.append(*rel.pack([b"\x00" * 8]))  # any later append is summed too
         assert z.verify()["checked"] == 9
     with RaggedDataset(tmp_path / "r", verify_reads=True) as rs:

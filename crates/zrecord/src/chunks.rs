@@ -10,7 +10,6 @@
 //! and a later append create one of the same name: [`ChunkSet::revalidate`] (run when the store's
 //! epoch says records moved) drops every open chunk whose name now means another file.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,19 +19,18 @@ use crate::error::{Error, Result};
 use crate::files;
 use crate::format::{chunk_file_name, MAX_CHUNKS};
 use crate::mapped::ChunkMap;
+use crate::open_files::{self, OpenFile};
 use crate::slots::Slots;
 
-/// One open chunk file.
+/// One open chunk file, as one handle sees it.
 pub struct Chunk {
     path: PathBuf,
-    file: File,
-    map: ChunkMap,
+    /// The descriptor and map, shared with the other handles of this process.
+    open: Arc<OpenFile>,
     /// A lower bound of the file's size: grown by our writes, refreshed from the OS on a miss.
     size: AtomicU64,
     capacity: u64,
     disk: Arc<Disk>,
-    /// (device, inode) of the file.
-    identity: (u64, u64),
 }
 
 impl Chunk {
@@ -55,20 +53,21 @@ impl Chunk {
                 ));
             }
         }
-        Ok(self.map.bytes(offset, len as usize))
+        Ok(self.open.map.bytes(offset, len as usize))
     }
 
     /// Whether the `len` stored bytes at `offset` are all in memory (a probe: false when the
     /// range is not within the file either).
     pub fn resident(&self, offset: u64, len: u64) -> bool {
-        offset + len <= self.size.load(Ordering::Acquire) && self.map.resident(offset, len as usize)
+        offset + len <= self.size.load(Ordering::Acquire)
+            && self.open.map.resident(offset, len as usize)
     }
 
     /// Reads the stored bytes at `offset` into `dst` with `pread` (records nothing has cached:
     /// the caller's thread waits on the disk, not on a page fault).
     pub fn read_into(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.read(offset, dst.len() as u64)?; // the same range checks as a mapped read
-        std::os::unix::fs::FileExt::read_exact_at(&self.file, dst, offset).map_err(|e| {
+        std::os::unix::fs::FileExt::read_exact_at(&self.open.file, dst, offset).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 Error::corrupt(&self.path, format!("range at {offset} ends past the file"))
             } else {
@@ -80,23 +79,31 @@ impl Chunk {
     /// Starts reading `len` stored bytes at `offset` into the page cache, without waiting.
     pub fn prefetch(&self, offset: u64, len: u64) {
         if let Some(len) = std::num::NonZeroU64::new(len) {
-            let _ =
-                rustix::fs::fadvise(&self.file, offset, Some(len), rustix::fs::Advice::WillNeed);
+            let _ = rustix::fs::fadvise(
+                &self.open.file,
+                offset,
+                Some(len),
+                rustix::fs::Advice::WillNeed,
+            );
         }
     }
 
     /// Drops the (synced, clean) pages of `len` bytes at `offset` from the page cache.
     pub fn drop_cache(&self, offset: u64, len: u64) {
         if let Some(len) = std::num::NonZeroU64::new(len) {
-            let _ =
-                rustix::fs::fadvise(&self.file, offset, Some(len), rustix::fs::Advice::DontNeed);
+            let _ = rustix::fs::fadvise(
+                &self.open.file,
+                offset,
+                Some(len),
+                rustix::fs::Advice::DontNeed,
+            );
         }
     }
 
     /// Writes `data` at `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.disk
-            .write_at(&self.file, &self.path, offset, data)
+            .write_at(&self.open.file, &self.path, offset, data)
             .map_err(|e| Error::io(&self.path, e))?;
         self.size.fetch_max(offset + data.len() as u64, Ordering::AcqRel);
         Ok(())
@@ -104,7 +111,7 @@ impl Chunk {
 
     /// `fdatasync` of the file.
     pub fn sync(&self) -> Result<()> {
-        self.disk.sync_file(&self.file, &self.path).map_err(|e| Error::io(&self.path, e))
+        self.disk.sync_file(&self.open.file, &self.path).map_err(|e| Error::io(&self.path, e))
     }
 
     /// Frees the space from `offset` to the end of the file (after compaction), keeping the
@@ -115,13 +122,13 @@ impl Chunk {
             return Ok(());
         }
         self.disk
-            .punch_hole(&self.file, &self.path, offset, size - offset)
+            .punch_hole(&self.open.file, &self.path, offset, size - offset)
             .map_err(|e| Error::io(&self.path, e))
     }
 
     /// The file's size as the OS sees it now.
     pub fn file_size(&self) -> Result<u64> {
-        Ok(self.file.metadata().map_err(|e| Error::io(&self.path, e))?.len())
+        Ok(self.open.file.metadata().map_err(|e| Error::io(&self.path, e))?.len())
     }
 }
 
@@ -207,19 +214,22 @@ impl ChunkSet {
         };
         let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
         let identity = files::identity(&file).map_err(|e| Error::io(&path, e))?;
-        let map = ChunkMap::new(&file, self.capacity).map_err(|e| Error::io(&path, e))?;
-        // Random access: no readahead window around a fault or a read (advice only: a kernel
-        // that ignores it reads more, nothing else changes).
-        let _ = map.advise_random();
-        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Random);
+        let capacity = self.capacity;
+        let open = open_files::share(file, identity, capacity, self.writable, |file| {
+            let map = ChunkMap::new(file, capacity)?;
+            // Random access: no readahead window around a fault or a read (advice only: a
+            // kernel that ignores it reads more, nothing else changes).
+            let _ = map.advise_random();
+            let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::Random);
+            Ok(map)
+        })
+        .map_err(|e| Error::io(&path, e))?;
         let chunk = Chunk {
             path,
-            file,
-            map,
+            open,
             size: AtomicU64::new(meta.len().min(self.capacity)),
             capacity: self.capacity,
             disk: Arc::clone(&self.disk),
-            identity,
         };
         // Two threads may open the same chunk at once: the first insert wins, the other's
         // handle is dropped unseen.
@@ -245,7 +255,7 @@ impl ChunkSet {
         for id in 0..MAX_CHUNKS as usize {
             if let Some(chunk) = self.slots.get(id) {
                 let now = files::identity_of_name(&chunk.path).ok().flatten();
-                if now != Some(chunk.identity) {
+                if now != Some(chunk.open.identity) {
                     self.slots.clear(id, Some(chunk));
                 }
             }

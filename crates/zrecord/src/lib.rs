@@ -40,6 +40,7 @@ mod frontier;
 mod gather;
 mod integrity;
 mod mapped;
+mod open_files;
 pub mod pool;
 pub mod published;
 mod slots;
