@@ -16,7 +16,10 @@ public names are importable from here::
 * :mod:`loaderx.zrecord` -- :class:`Zrecord`, the raw byte-record store underneath.
 * :mod:`loaderx.errors` -- the exception hierarchy (base :class:`LoaderxError`, alias
   ``ZrecordError``).
-* :mod:`loaderx.sharding` and :mod:`loaderx.frameworks` -- multi-host shards, torch and JAX.
+* :mod:`loaderx.sharding` and :mod:`loaderx.frameworks` -- multi-host shards, torch and JAX
+  (:func:`torch_batches`, :class:`Zip`, :func:`prefetch_to_device`, :func:`prefetch_to_torch`;
+  neither framework is imported until a helper is called); :mod:`loaderx.prefetch` --
+  :class:`Prefetcher`, batches taken ahead with the loop's position kept.
 * :func:`set_num_threads` -- threads a batch is split across.
 """
 
@@ -33,16 +36,29 @@ except PackageNotFoundError:  # running from a source tree
 from loaderx import errors
 from loaderx._native import set_num_threads
 from loaderx.concat import ConcatDataset
+from loaderx.context import BatchContext
 from loaderx.converter import from_iterator, from_numpy
 from loaderx.dataloader import DataLoader
 from loaderx.dataset import DenseDataset, RaggedDataset, pad
 from loaderx.errors import LoaderxError, ZrecordError
+from loaderx.frameworks import (  # each imports torch or JAX only when called
+    Zip,
+    pad_collate,
+    prefetch_to_device,
+    prefetch_to_torch,
+    to_torch,
+    torch_batches,
+)
+from loaderx.prefetch import Prefetcher
 from loaderx.sampler import Mode, Sampler
+from loaderx.sharding import jax_process_shard, single_process, torch_process_shard
 from loaderx.subset import Subset, split
 from loaderx.zrecord import Zrecord
 
 __all__ = [
-    "ConcatDataset", "DataLoader", "DenseDataset", "LoaderxError", "Mode", "RaggedDataset",
-    "Sampler", "Subset", "Zrecord", "ZrecordError", "errors", "from_iterator", "from_numpy", "pad",
-    "set_num_threads", "split", "__version__",
+    "BatchContext", "ConcatDataset", "DataLoader", "DenseDataset", "LoaderxError", "Mode",
+    "Prefetcher", "RaggedDataset", "Sampler", "Subset", "Zip", "Zrecord", "ZrecordError", "errors",
+    "from_iterator", "from_numpy", "jax_process_shard", "pad", "pad_collate", "prefetch_to_device",
+    "prefetch_to_torch", "set_num_threads", "single_process", "split", "to_torch",
+    "torch_batches", "torch_process_shard", "__version__",
 ]
