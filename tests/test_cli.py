@@ -124,7 +124,7 @@ def test_bad_paths_and_inputs_are_one_line_errors(tmp_path, npy):
     # A damaged meta.zr.
     with open(tmp_path / "d" / "meta.zr", "r+b") as f:
         f.write(b"XXXX")
-    assert_clean_error(run("info", str(tmp_path / "d")), 2, "CorruptStoreError", "magic")
+    assert_clean_error(run("info", str(tmp_path / "d")), 3, "CorruptStoreError", "magic")
     # Usage errors are argparse's (exit 2).
     assert run("frobnicate").returncode == 2
     assert run().returncode == 2
@@ -158,7 +158,7 @@ def test_compact_needs_the_writer_lock(tmp_path, npy):
     assert run("convert", str(npy), str(out)).returncode == 0
     with Zrecord(out) as z:
         z.delete([0])  # this process now holds the store's writer lock
-        assert_clean_error(run("compact", str(out)), 2, "StoreBusyError", "writer lock")
+        assert_clean_error(run("compact", str(out)), 4, "StoreBusyError", "writer lock")
     assert run("compact", str(out)).returncode == 0
 
 
@@ -168,7 +168,7 @@ def test_a_dangling_schema_link_is_a_hostile_store_not_a_raw_one(tmp_path, npy):
     os.remove(out / "schema.msgpack")
     os.symlink(tmp_path / "nowhere", out / "schema.msgpack")
     proc = run("info", str(out))
-    assert_clean_error(proc, 2, "symbolic link")
+    assert_clean_error(proc, 3, "CorruptStoreError", "symbolic link")
     assert not (tmp_path / "nowhere").exists()
 
 
@@ -229,7 +229,7 @@ def test_copy_keeps_holes_and_verifies(tmp_path, npy):
     # A store another process writes is refused.
     writer = Zrecord(str(src))
     writer.lock_for_writing()
-    assert_clean_error(run("copy", str(src), str(tmp_path / "c2")), 2, "StoreBusyError")
+    assert_clean_error(run("copy", str(src), str(tmp_path / "c2")), 4, "StoreBusyError")
     writer.close()
     assert not (tmp_path / "c2").exists()
 

@@ -5,12 +5,27 @@ Commands::
     loaderx info STORE [--json]       what a store or dataset holds
     loaderx convert INPUT.npy OUT [--codec zstd] [--checksums] [--overwrite] ...
     loaderx verify STORE              decode every record, check checksums; exit 1 on damage
+    loaderx copy SRC DST              copy a store, holes kept, then verify the copy
+    loaderx pack STORE ARCHIVE        one tar archive of a store (.tar, .tar.gz, .tar.xz, ...)
+    loaderx unpack ARCHIVE DST        the store of an archive, checked, into a new directory
     loaderx compact STORE             reclaim the space of deleted records
     loaderx bench [LAYER]             run the benchmark harness (scripts/bench.py)
 
-Exit status: 0 success; 1 ``verify`` found damaged records; 2 bad usage or input (a missing
-path, a file that is not a store, an unreadable .npy, a busy store). Errors print one line to
-stderr, never a traceback.
+Exit status (one per kind of failure, so scripts can tell them apart):
+
+    0  success
+    1  ``verify`` found damaged records (the store itself opened)
+    2  bad usage or input: a missing path, a file that is not a store, an unreadable .npy,
+       an argument or dataset that does not fit (DatasetError, LoaderxValueError, ...)
+    3  a store or archive that cannot be trusted (CorruptStoreError, MissingDictionaryError)
+    4  the store is busy or changed under us: another process writes it (StoreBusyError,
+       StoreChangedError); try again later
+    5  the system refused: permissions, a full disk, an I/O error (OSError)
+    6  an internal error: a bug in loaderx (InternalError, or anything unexpected); please
+       report it with the command that was run
+  130  interrupted
+
+Errors print one line to stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -27,10 +42,30 @@ from typing import Any
 import numpy as np
 
 from loaderx import _schema
-from loaderx.errors import LoaderxError
+from loaderx._verify import verify_bounded
+from loaderx.errors import (
+    CorruptStoreError,
+    InternalError,
+    LoaderxError,
+    MissingDictionaryError,
+    StoreBusyError,
+    StoreChangedError,
+)
 from loaderx.zrecord import CODECS
 
-EXIT_OK, EXIT_DAMAGED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_DAMAGED, EXIT_USAGE, EXIT_CORRUPT, EXIT_BUSY, EXIT_SYSTEM, EXIT_INTERNAL = range(7)
+EXIT_INTERRUPTED = 130
+
+# The exit status of each error class (the first that matches); other LoaderxErrors are bad
+# input. OSErrors that name a path the user gave that is not there are bad input too.
+_EXIT_OF: tuple[tuple[type[BaseException], int], ...] = (
+    (CorruptStoreError, EXIT_CORRUPT), (MissingDictionaryError, EXIT_CORRUPT),
+    (StoreBusyError, EXIT_BUSY), (StoreChangedError, EXIT_BUSY),
+    (InternalError, EXIT_INTERNAL), (LoaderxError, EXIT_USAGE),
+    (FileNotFoundError, EXIT_USAGE), (NotADirectoryError, EXIT_USAGE),
+    (IsADirectoryError, EXIT_USAGE), (FileExistsError, EXIT_USAGE),
+    (OSError, EXIT_SYSTEM), (ValueError, EXIT_USAGE),
+)
 
 
 class _UsageError(Exception):
@@ -152,17 +187,26 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     path = _store_dir(args.store)
+    if args.max_listed < 0:
+        raise _UsageError("--max-listed must be 0 or more")
     schema = _dataset_schema(path)
     with _open(path) as z:
-        report = z.verify()
+        # Only the first failures are kept (the engine counts the rest): memory stays bounded
+        # however much of the store is damaged.
+        report = verify_bounded(z, args.max_listed)
         failures = list(report["failures"])
+        damaged = report["failed"]
         if schema is not None and len(z):
-            failures += _schema_failures(z, schema, {i for i, _ in failures})
+            # A record the engine listed is not counted twice; one it only counted may be.
+            listed, misfits = _schema_failures(z, schema, {i for i, _ in failures},
+                                               args.max_listed)
+            failures += listed
+            damaged += misfits
     failures.sort()
     for index, message in failures[:args.max_listed]:
         print(f"record {index}: {message}")
-    if len(failures) > args.max_listed:
-        print(f"... and {len(failures) - args.max_listed} more damaged records "
+    if damaged > args.max_listed:
+        print(f"... and {damaged - min(args.max_listed, len(failures))} more damaged records "
               f"(--max-listed N lists more)")
     # Say what could be checked: without checksums a raw record's bytes cannot be told from
     # damaged ones, only decoded (compressed records carry zstd's own frame checks).
@@ -177,24 +221,37 @@ def cmd_verify(args: argparse.Namespace) -> int:
                  "be damaged unseen)")
     summary = (f"{path}: {report['records']} records decoded, {report['checked']} checked "
                f"against checksums, {report['unchecked']} without one; "
-               f"{len(failures)} damaged; {scope}")
-    print(summary, file=sys.stderr if failures else sys.stdout)
-    return EXIT_DAMAGED if failures else EXIT_OK
+               f"{damaged} damaged; {scope}")
+    print(summary, file=sys.stderr if damaged else sys.stdout)
+    return EXIT_DAMAGED if damaged else EXIT_OK
 
 
-def _schema_failures(z: Any, s: _schema.Schema, known: set[int]) -> list[tuple[int, str]]:
-    """Records whose length does not fit the dataset's schema."""
-    lengths = z.lengths(np.arange(len(z), dtype=np.uint64)).astype(np.int64)
+def _schema_failures(z: Any, s: _schema.Schema, known: set[int],
+                     max_listed: int) -> tuple[list[tuple[int, str]], int]:
+    """Records whose length does not fit the dataset's schema, not in ``known``: the first
+    ``max_listed`` of them (index, message) and how many there are. Lengths are read a
+    million at a time, so memory stays bounded."""
     unit = s.item_bytes
     if s.kind == "dense":
-        bad = np.flatnonzero(lengths != unit)
         why = f"holds {{}} bytes, a {s.describe()} record is {unit}"
     elif unit:
-        bad = np.flatnonzero(lengths % unit)
         why = f"holds {{}} bytes, not a whole number of {unit}-byte rows"
     else:
-        return []
-    return [(int(i), why.format(int(lengths[i]))) for i in bad if int(i) not in known]
+        return [], 0
+    listed: list[tuple[int, str]] = []
+    count = 0
+    step = 1 << 20
+    for start in range(0, len(z), step):
+        idx = np.arange(start, min(len(z), start + step), dtype=np.uint64)
+        lengths = z.lengths(idx).astype(np.int64)
+        bad = np.flatnonzero(lengths != unit if s.kind == "dense" else lengths % unit)
+        for i in bad:
+            if start + int(i) in known:
+                continue
+            count += 1
+            if len(listed) < max_listed:
+                listed.append((start + int(i), why.format(int(lengths[i]))))
+    return listed, count
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
@@ -219,6 +276,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
     r = pack(args.src, args.archive)
     print(f"{args.archive}: {r['records']} records, {r['bytes_packed']} bytes of data of "
           f"{r['apparent_bytes']} apparent (holes kept), archive {r['archive_bytes']} bytes")
+    if r["skipped"]:
+        print(f"left out {len(r['skipped'])} file(s) that are not a store's: "
+              f"{', '.join(r['skipped'][:10])}{' ...' if len(r['skipped']) > 10 else ''}",
+              file=sys.stderr)
     return EXIT_OK
 
 
@@ -319,20 +380,37 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def exit_status(error: BaseException) -> int:
+    """The exit status for an error that ended a command (see the module docstring)."""
+    for cls, status in _EXIT_OF:
+        if isinstance(error, cls):
+            return status
+    return EXIT_INTERNAL
+
+
+def _one_line(error: BaseException) -> str:
+    # The library's hints name its keyword; here the user typed a flag.
+    text = " ".join(str(error).split()).replace("overwrite=True", "--overwrite")
+    status = exit_status(error)
+    if status == EXIT_INTERNAL:
+        return (f"internal error (a bug in loaderx; please report it with this command): "
+                f"{type(error).__name__}: {text}")
+    return f"{type(error).__name__}: {text}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return int(args.run(args))
     except _UsageError as e:
         print(f"loaderx {args.command}: {e}", file=sys.stderr)
-    except (LoaderxError, OSError, ValueError) as e:
-        # The library's hints name its keyword; here the user typed a flag.
-        text = str(e).replace("overwrite=True", "--overwrite")
-        print(f"loaderx {args.command}: {type(e).__name__}: {text}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"loaderx {args.command}: interrupted", file=sys.stderr)
-        return 130
-    return EXIT_USAGE
+        return EXIT_INTERRUPTED
+    except Exception as e:  # every failure is one line and its own status, never a traceback
+        print(f"loaderx {args.command}: {_one_line(e)}", file=sys.stderr)
+        return exit_status(e)
 
 
 if __name__ == "__main__":
