@@ -247,3 +247,103 @@ def test_info_names_the_dtype_and_summarizes_ragged_rows(tmp_path):
     text = run("info", str(tmp_path / "r")).stdout
     assert "dtype float16 (<f2)" in text
     assert f"rows/record  min {rows.min()}  median {np.median(rows)}  max {rows.max()}" in text
+
+
+def test_each_error_class_has_its_own_exit_status(monkeypatch, capsys):
+    from loaderx import cli, errors
+
+    expected = {
+        errors.CorruptStoreError("x"): cli.EXIT_CORRUPT,
+        errors.MissingDictionaryError("x"): cli.EXIT_CORRUPT,
+        errors.StoreBusyError("x"): cli.EXIT_BUSY,
+        errors.StoreChangedError("x"): cli.EXIT_BUSY,
+        errors.InternalError("x"): cli.EXIT_INTERNAL,
+        errors.DatasetError("x"): cli.EXIT_USAGE,
+        errors.LimitExceededError("x"): cli.EXIT_USAGE,
+        errors.LoaderxTypeError("x"): cli.EXIT_USAGE,
+        FileNotFoundError(2, "No such file or directory", "/x"): cli.EXIT_USAGE,
+        PermissionError(13, "Permission denied", "/x"): cli.EXIT_SYSTEM,
+        OSError(28, "No space left on device"): cli.EXIT_SYSTEM,
+        OverflowError("x"): cli.EXIT_INTERNAL,
+        EOFError("x"): cli.EXIT_INTERNAL,
+    }
+    assert len({cli.EXIT_OK, cli.EXIT_DAMAGED, cli.EXIT_USAGE, cli.EXIT_CORRUPT, cli.EXIT_BUSY,
+                cli.EXIT_SYSTEM, cli.EXIT_INTERNAL}) == 7
+    for error, status in expected.items():
+        assert cli.exit_status(error) == status, error
+        # And main() turns it into one line on stderr, never a traceback.
+        monkeypatch.setattr(cli, "cmd_info", lambda args, e=error: (_ for _ in ()).throw(e))
+        assert cli.main(["info", "anything"]) == status
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("loaderx info: "), err
+        assert type(error).__name__ in err
+        if status == cli.EXIT_INTERNAL:
+            assert "a bug in loaderx" in err
+
+
+def test_verify_bounded_gives_one_report_from_either_engine():
+    from loaderx._verify import verify_bounded
+
+    failures = [(i, f"record {i} is damaged") for i in range(10)]
+
+    class Engine:  # the native module after max_listed: lists at most that many
+        def verify(self, max_listed):
+            return {"records": 10, "checked": 10, "unchecked": 0, "failed": 10,
+                    "failures": failures[:max_listed]}
+
+    class Before:  # a native module from before it: every failure listed
+        def verify(self):
+            return {"records": 10, "checked": 10, "unchecked": 0,
+                    "failures": list(reversed(failures))}
+
+    class Wrapper:  # loaderx.zrecord.Zrecord over an older native module
+        _native = Before()
+
+        def verify(self, max_listed=1000):
+            return self._native.verify(max_listed)
+
+    for store in (Engine(), Wrapper()):
+        report = verify_bounded(store, 3)
+        assert report["failed"] == 10 and report["failures"] == failures[:3], store
+
+
+def _bounded_verify_in_engine() -> bool:
+    from loaderx import _native
+
+    return "max_listed" in (_native.Zrecord.verify.__text_signature__ or "")
+
+
+def _peak_rss_of_verify(path) -> int:
+    code = ("import resource, sys\nfrom loaderx.cli import main\nr = main(sys.argv[1:])\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, r)")
+    proc = subprocess.run([sys.executable, "-c", code, "verify", str(path), "--max-listed",
+                           "5"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout.split()[-2]) * 1024
+
+
+@pytest.mark.skipif(not _bounded_verify_in_engine(),
+                    reason="needs a native module with Zrecord.verify(max_listed)")
+def test_verify_memory_does_not_grow_with_the_damage(tmp_path):
+    """The finding: every failure message was kept (2.5 GB from a 10 KB archive). A million
+    damaged records now cost what none do."""
+    n = 1 << 20
+    for name in ("intact", "damaged"):
+        z = Zrecord(str(tmp_path / name), codec="raw")
+        z.enable_checksums()
+        z.append(np.zeros(n * 8, np.uint8), np.arange(n, dtype=np.uint64) * 8)
+        z.close()
+    with open(tmp_path / "damaged" / "0.zr", "r+b") as f:
+        f.write(b"\xff" * (n * 8))
+    intact, damaged = (_peak_rss_of_verify(tmp_path / n) for n in ("intact", "damaged"))
+    assert damaged < intact + (32 << 20), (intact, damaged)
+
+
+def test_verify_lists_schema_misfits_up_to_the_limit(tmp_path):
+    from_iterator(tmp_path / "r", [np.ones((2, 3), np.int16)] * 3)
+    with Zrecord(tmp_path / "r") as z:
+        z.append(np.ones(300 * 3, np.uint8), np.arange(300, dtype=np.uint64) * 3)
+    v = run("verify", str(tmp_path / "r"), "--max-listed", "4")
+    assert v.returncode == 1
+    assert v.stdout.count("record ") == 4 and "and 296 more damaged records" in v.stdout
+    assert "300 damaged" in v.stderr
