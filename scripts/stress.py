@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """The heavy versions of the reliability tests: ``python scripts/stress.py [--kills N]
 [--fuzz-cases N] [--race-seconds S] [--mp-seconds S] [--mp-readers N] [--seed S]
-[--only kills|race|fuzz|mp]``.
+[--edge-kills N] [--only kills|race|fuzz|mp|edges]``.
 
 * SIGKILL loops through the store API and through the converters (``--kills`` each), and
   during compaction (``--kills / 5``);
 * readers verifying every byte beside two appenders (``--race-seconds``);
 * the mutation fuzzer (``scripts/fuzz_store.py``) for ``--fuzz-cases`` cases;
+* issue 19's edges (``scripts/stress_edges.py``): ``--edge-kills`` SIGKILLs of repeated
+  ``overwrite=True`` conversions, forks while a parent thread is inside a native call, resumes
+  through prefetchers of every size, padded sharded passes, and the archive fuzzer
+  (``scripts/fuzz_archive.py``) for ``--fuzz-cases / 50`` cases;
 * many processes on one store (``--mp-seconds``): ``--mp-readers`` reader processes verify
   every record they gather while one writer process appends, deletes and compacts, and another
   process keeps trying to write (and must be refused every time).
@@ -235,6 +239,36 @@ def mp_stress(tmp: str, seconds: float, readers: int, seed: int) -> dict:
     return figures
 
 
+def edges(args: argparse.Namespace) -> None:
+    """Issue 19's critical and high findings, looped (see scripts/stress_edges.py)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import stress_edges as se
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for what, run in (
+            ("SIGKILL during overwrite=True", lambda: se.overwrite_kill_loop(
+                tmp, args.edge_kills, args.seed)),
+            ("fork during a native call, normal exit", lambda: se.fork_exit_loop(
+                tmp, max(3, args.edge_kills // 4), ROOT / "tests")),
+            ("checkpoints through prefetchers", lambda: se.prefetch_resume_loop(
+                tmp, args.edge_kills, args.seed)),
+            ("padded sharded passes", lambda: se.sharded_pass_loop(
+                tmp, max(1, args.edge_kills // 4), args.seed)),
+        ):
+            t = time.perf_counter()
+            print(f"{what}: {run()} in {time.perf_counter() - t:.0f} s", flush=True)
+    fuzz = ROOT / "scripts" / "fuzz_archive.py"
+    if fuzz.exists():
+        t = time.perf_counter()
+        cases = str(max(100, args.fuzz_cases // 50))
+        r = subprocess.run([sys.executable, str(fuzz), "--cases", cases, "--seed", str(args.seed)],
+                           capture_output=True, text=True)
+        print(f"archive fuzz: {r.stdout.strip()} in {time.perf_counter() - t:.0f} s")
+        if r.returncode:
+            print(r.stderr[-4000:], file=sys.stderr)
+            sys.exit(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kills", type=int, default=500)
@@ -242,8 +276,9 @@ def main() -> None:
     parser.add_argument("--race-seconds", type=float, default=60.0)
     parser.add_argument("--mp-seconds", type=float, default=60.0)
     parser.add_argument("--mp-readers", type=int, default=4)
+    parser.add_argument("--edge-kills", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", choices=["kills", "race", "fuzz", "mp"],
+    parser.add_argument("--only", choices=["kills", "race", "fuzz", "mp", "edges"],
                         help="run one part alone (default: all, in this order)")
     args = parser.parse_args()
     want = lambda part: args.only in (None, part)  # noqa: E731
@@ -276,6 +311,8 @@ def main() -> None:
             print(r.stderr[-4000:], file=sys.stderr)
             sys.exit(1)
         json.loads(r.stdout.strip().splitlines()[-1])
+    if want("edges"):
+        edges(args)
     if want("mp"):
         with tempfile.TemporaryDirectory() as tmp:
             t = time.perf_counter()
