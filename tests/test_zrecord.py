@@ -407,3 +407,26 @@ def test_prefetch_is_a_hint(tmp_path):
         assert z.prefetch([0, 10, 20, 49]) is True
         assert z.prefetch([10**6]) is False
         assert read(z, range(50)) == recs
+
+
+@pytest.mark.parametrize("codec", ["raw", "zstd"])
+def test_gather_parts_reads_windows_of_records(tmp_path, codec):
+    """Windows of records equal slices of the whole records (NumPy as the reference), the same
+    record asked for several times; windows past a record's end are refused, writing nothing."""
+    rng = np.random.default_rng(5)
+    recs = [rng.integers(0, 50, n, dtype=np.uint8).tobytes() for n in rng.integers(0, 4000, 40)]
+    with Zrecord(tmp_path / "s", codec=codec) as z:
+        z.append(*pack(recs))
+        idxs = rng.integers(0, len(recs), 300)
+        starts = np.array([rng.integers(0, len(recs[i]) + 1) for i in idxs])
+        lens = np.array([rng.integers(0, len(recs[i]) - s + 1) for i, s in zip(idxs, starts,
+                                                                                  strict=True)])
+        offsets = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        dst = np.zeros(int(lens.sum()), np.uint8)
+        z.gather_parts(idxs, starts, lens, dst, offsets)
+        want = b"".join(recs[i][s:s + n] for i, s, n in zip(idxs, starts, lens, strict=True))
+        assert dst.tobytes() == want
+        before = dst.copy()
+        with pytest.raises(errors.LoaderxValueError, match="holds"):
+            z.gather_parts([0, 1], [0, len(recs[1])], [1, 1], dst, [0, 1])
+        assert (dst == before).all()

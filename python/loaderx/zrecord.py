@@ -134,6 +134,18 @@ class Zrecord:
                 as_indices(idxs), destination_bytes(dst), as_offsets(offsets, "destination offsets")
             )
 
+    def gather_parts(self, idxs: Any, starts: Any, lens: Any, dst: Any, offsets: Any) -> None:
+        """Reads windows of records: bytes ``starts[i] .. starts[i] + lens[i]`` of record
+        ``idxs[i]`` into the bytes of ``dst`` starting at byte ``offsets[i]``.
+
+        A raw record's window is copied alone; a compressed record is decoded once per call
+        however many windows of it are asked for. Windows must lie inside their records and
+        destination ranges inside ``dst``, without overlapping; a refused call writes nothing.
+        """
+        self._native.gather_parts(
+            as_indices(idxs), as_offsets(starts, "starts"), as_offsets(lens, "lens"),
+            destination_bytes(dst), as_offsets(offsets, "destination offsets"))
+
     def lengths(self, idxs: Any) -> np.ndarray:
         """The logical length in bytes of each record, as a uint32 array."""
         idx = as_indices(idxs)

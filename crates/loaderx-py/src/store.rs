@@ -151,6 +151,24 @@ impl Zrecord {
         detach(py, || store.gather_fixed_at(&idxs, rows.as_deref(), dst, record_len, shards)).py()
     }
 
+    /// Windows of records: bytes `starts[i] .. starts[i] + lens[i]` of record `idxs[i]` into
+    /// `dst` at `offsets[i]` (a compressed record decoded once per call).
+    fn gather_parts(
+        &self,
+        py: Python<'_>,
+        idxs: PyBuffer<u64>,
+        starts: PyBuffer<u64>,
+        lens: PyBuffer<u64>,
+        dst: PyBuffer<u8>,
+        offsets: PyBuffer<u64>,
+    ) -> PyResult<()> {
+        let store = self.get()?;
+        let (idxs, starts, lens) = (idxs.to_vec(py)?, starts.to_vec(py)?, lens.to_vec(py)?);
+        let offsets = offsets.to_vec(py)?;
+        let dst = slice_mut(&dst, "destination")?;
+        detach(py, || store.gather_parts(&idxs, &starts, &lens, dst, &offsets)).py()
+    }
+
     fn lengths_into(
         &self,
         py: Python<'_>,

@@ -41,6 +41,7 @@ mod gather;
 mod integrity;
 mod mapped;
 mod open_files;
+mod parts;
 pub mod pool;
 pub mod published;
 mod slots;

@@ -1,0 +1,177 @@
+//! `gather_parts`: byte ranges of records rather than whole records. A packed token row reads a
+//! window of each document it spans; a raw record's window is copied from the chunk map alone,
+//! and a compressed record, which cannot be decoded in part, is decoded once per call however
+//! many windows of it the call asks for (the windows of one record are read together).
+
+use crate::codec::Decoder;
+use crate::error::{Error, Result};
+use crate::format::{Codec, RecordLoc};
+use crate::gather::for_record;
+use crate::pool::run_sharded;
+use crate::store::Store;
+
+/// One window to read: bytes `start .. start + dst.len()` of its record.
+struct Part<'d> {
+    start: u64,
+    dst: &'d mut [u8],
+}
+
+/// The windows of one record.
+struct Group<'d> {
+    index: u64,
+    loc: RecordLoc,
+    parts: Vec<Part<'d>>,
+}
+
+impl Store {
+    /// Copies bytes `starts[i] .. starts[i] + lens[i]` of record `indices[i]` into
+    /// `dst[dst_offsets[i]..][..lens[i]]` for every `i`. Windows must lie inside their records and
+    /// destination ranges inside `dst`, without overlapping each other; a refused call writes
+    /// nothing. Checked reads (`verify_reads`) read each record whole to check it.
+    pub fn gather_parts(
+        &self,
+        indices: &[u64],
+        starts: &[u64],
+        lens: &[u64],
+        dst: &mut [u8],
+        dst_offsets: &[u64],
+    ) -> Result<()> {
+        let _guard = self.activity.shared("gather")?;
+        let n = indices.len();
+        if starts.len() != n || lens.len() != n || dst_offsets.len() != n {
+            return Err(Error::invalid(format!(
+                "{n} indices, {} starts, {} lengths and {} destination offsets: one of each per \
+                 part",
+                starts.len(),
+                lens.len(),
+                dst_offsets.len()
+            )));
+        }
+        self.consistent_read(|| {
+            let len = self.len();
+            let mut locs = Vec::with_capacity(n);
+            for i in 0..n {
+                let index = indices[i];
+                if index >= len {
+                    return Err(Error::IndexOutOfRange { index, len });
+                }
+                let loc = self.meta.entry(index);
+                let end = starts[i].checked_add(lens[i]);
+                if end.is_none_or(|end| end > u64::from(loc.logic_length)) {
+                    return Err(Error::invalid(format!(
+                        "part {i} asks for bytes {}..{} of record {index}, which holds {}",
+                        starts[i],
+                        end.map_or_else(|| "past 2^64".to_string(), |e| e.to_string()),
+                        loc.logic_length
+                    )));
+                }
+                locs.push(loc);
+            }
+            let pieces = split_windows(&mut *dst, lens, dst_offsets)?;
+            let mut groups = group_by_record(indices, starts, &locs, pieces);
+            let total: usize = groups.iter().map(|g| g.loc.logic_length as usize).sum();
+            let sums = self.checked_reads();
+            run_sharded(&mut groups, total, |block: &mut [Group<'_>]| -> Result<()> {
+                let mut decoder = Decoder::new(self.dictionary());
+                let mut whole = Vec::new();
+                for g in block.iter_mut() {
+                    self.read_group(g, sums.is_some(), &mut whole, &mut decoder)?;
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// Fills the windows of one record: straight from the map for a raw record (unless reads
+    /// are checked), else through one decode into `whole`.
+    fn read_group(
+        &self,
+        g: &mut Group<'_>,
+        checked: bool,
+        whole: &mut Vec<u8>,
+        dec: &mut Decoder,
+    ) -> Result<()> {
+        let Some((codec, chunk)) = self.locate(g.index, &g.loc)? else { return Ok(()) };
+        if codec == Codec::Raw && !checked {
+            for p in &mut g.parts {
+                let at = u64::from(g.loc.offset) + p.start;
+                let bytes =
+                    chunk.read(at, p.dst.len() as u64).map_err(|e| for_record(e, g.index))?;
+                p.dst.copy_from_slice(bytes);
+            }
+            return Ok(());
+        }
+        whole.resize(g.loc.logic_length as usize, 0);
+        self.read_record(g.index, &g.loc, whole, dec)?;
+        if let Some(sums) = self.checked_reads() {
+            if sums.check(g.index, &g.loc, whole) == crate::sums::Verdict::Bad {
+                let path = self.chunks.path(u64::from(g.loc.chunk_id));
+                return Err(Error::checksum_mismatch(path, g.index));
+            }
+        }
+        for p in &mut g.parts {
+            let start = p.start as usize;
+            p.dst.copy_from_slice(&whole[start..start + p.dst.len()]);
+        }
+        Ok(())
+    }
+}
+
+/// Cuts `dst` into one disjoint window per part (`lens[i]` bytes at `offsets[i]`), refusing
+/// ranges past `dst` or overlapping each other.
+fn split_windows<'d>(
+    dst: &'d mut [u8],
+    lens: &[u64],
+    offsets: &[u64],
+) -> Result<Vec<&'d mut [u8]>> {
+    let dst_len = dst.len() as u64;
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    order.sort_by_key(|&i| offsets[i]);
+    let mut pieces: Vec<Option<&'d mut [u8]>> = (0..lens.len()).map(|_| None).collect();
+    let (mut rest, mut consumed) = (dst, 0u64);
+    for &i in &order {
+        let (start, size) = (offsets[i], lens[i]);
+        if size == 0 {
+            pieces[i] = Some(Default::default());
+            continue;
+        }
+        let end = start.checked_add(size).filter(|&e| e <= dst_len);
+        let Some(end) = end else {
+            return Err(Error::invalid(format!(
+                "destination too small: part {i} needs bytes {start}..{} but it has {dst_len}",
+                start.saturating_add(size)
+            )));
+        };
+        if start < consumed {
+            return Err(Error::invalid(format!(
+                "destination ranges overlap: part {i} at {start} starts before byte {consumed}"
+            )));
+        }
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut((start - consumed) as usize);
+        let (mine, after) = tail.split_at_mut(size as usize);
+        pieces[i] = Some(mine);
+        rest = after;
+        consumed = end;
+    }
+    Ok(pieces.into_iter().map(Option::unwrap_or_default).collect())
+}
+
+/// The parts grouped by record (in the order of the records' first parts), so that each record
+/// is read or decoded once.
+fn group_by_record<'d>(
+    indices: &[u64],
+    starts: &[u64],
+    locs: &[RecordLoc],
+    pieces: Vec<&'d mut [u8]>,
+) -> Vec<Group<'d>> {
+    let mut at: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    let mut groups: Vec<Group<'d>> = Vec::new();
+    for (i, dst) in pieces.into_iter().enumerate() {
+        let slot = *at.entry(indices[i]).or_insert_with(|| {
+            groups.push(Group { index: indices[i], loc: locs[i], parts: Vec::new() });
+            groups.len() - 1
+        });
+        groups[slot].parts.push(Part { start: starts[i], dst });
+    }
+    groups
+}
