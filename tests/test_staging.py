@@ -300,6 +300,8 @@ def test_legacy_leftovers_are_removed_and_an_interrupted_overwrite_rolled_back(t
     make_tree(tmp_path / f"d.loaderx-new-{dead}", "new")
     make_tree(tmp_path / f"d.loaderx-new-{dead}.old", "old")
     make_tree(tmp_path / f"d.copying-{dead}", "new")
+    make_tree(tmp_path / f"d.unpacking-{dead}", "new")          # unpack's, before staging.py
+    (tmp_path / f"d.packing-{dead}").write_bytes(b"half a tar")  # pack's temporary archive
     staging.remove_stale(tmp_path / "d")
     assert os.listdir(tmp_path) == ["d"] and ident_of(tmp_path / "d") == "old"
 

@@ -100,7 +100,7 @@ _TOKEN_HEX = 16
 _PURPOSE = re.compile(r"[a-z]+\Z")
 _READY, _OLD = "ready", "old"
 _TAIL = re.compile(rf"\.loaderx-([a-z]+)-([0-9a-f]{{{_TOKEN_HEX}}})\Z")
-_LEGACY = re.compile(r"(?:\.loaderx-new-|\.copying-)(\d+)(\.old)?\Z")
+_LEGACY = re.compile(r"(?:\.loaderx-new-|\.copying-|\.unpacking-|\.packing-)(\d+)(\.old)?\Z")
 
 
 def _step(name: str) -> None:
