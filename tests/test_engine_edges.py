@@ -233,13 +233,13 @@ print(r["records"], r["failed"], r["unchecked"])
 
 
 def test_verify_decodes_entries_naming_the_same_bytes_once(tmp_path):
-    """2^18 table entries naming one zstd record of 1 MiB of zeros: 256 GiB to decode before
+    """2^20 table entries naming one zstd record of 1 MiB of zeros: 1 TiB to decode before
     (an 800-byte archive could carry such a table); now one decode."""
     path = tmp_path / "s"
     with Zrecord(path, codec="zstd") as z:
         z.append(np.zeros(1 << 20, np.uint8), np.zeros(1, np.uint64))
     first = entry(path, 0)
-    n = 1 << 18
+    n = 1 << 20
     write_entries(path, [first] * (n - 1), 1)
     out = run(VERIFY_DUPLICATES, str(path)).split()
     assert out == [str(n), "0", str(n)]
