@@ -225,6 +225,7 @@ class DataLoader:
                 raise LoaderxTypeError(
                     f"stream {name!r} is a {type(ds).__name__}; the DataLoader reads dense "
                     "streams only (pad ragged records into a dense store first)")
+        _check_companion_names(streams)
         lengths = {name: len(ds) for name, ds in streams.items()}
         if len(set(lengths.values())) != 1:
             raise LoaderxValueError(f"streams must have the same length, got {lengths}")
@@ -525,6 +526,10 @@ class Pass:
                 raise LoaderxValueError(
                     f"mask_key {mask_key!r} is also a stream's name; pass another "
                     "mask_key=... so the mask does not replace the stream")
+            if mask_key in _check_companion_names(loader._streams):
+                raise LoaderxValueError(
+                    f"mask_key {mask_key!r} is also the name of a stream's companion array; "
+                    "pass another mask_key=... so the mask does not replace it")
         elif count > 1 and steps > full and rest % count:
             raise LoaderxValueError(
                 f"the pass's last batch holds {rest} records, which do not split evenly into "
@@ -590,6 +595,31 @@ class Pass:
         self.close()
 
 
+def _check_companion_names(streams: Mapping[str, Any]) -> set[str]:
+    """The companion arrays the streams declare (``companion_names``), checked: no name twice,
+    none a stream's name. Streams with ``companions`` but no declaration are checked at each
+    batch instead."""
+    seen: dict[str, str] = {}
+    for name, ds in streams.items():
+        declare = getattr(ds, "companion_names", None)
+        if declare is None:
+            continue
+        for extra in tuple(declare(name)):
+            if not isinstance(extra, str):
+                raise LoaderxTypeError(f"stream {name!r} declares a companion array named "
+                                       f"{extra!r}; names must be str")
+            if extra in streams:
+                raise LoaderxValueError(
+                    f"stream {name!r} adds a companion array {extra!r} to every batch, which "
+                    "is also a stream's name; rename one of the streams")
+            if extra in seen:
+                raise LoaderxValueError(
+                    f"streams {seen[extra]!r} and {name!r} both add a companion array "
+                    f"{extra!r} to every batch; rename one of the streams")
+            seen[extra] = name
+    return set(seen)
+
+
 def _shard_rows(batch_size: int, index: Any, count: Any) -> tuple[int, int, int]:
     """(index, count, rows per shard), checked."""
     count = _u64(count, "shard_count", 1)
@@ -651,16 +681,19 @@ class _Pipeline:
         self.rows_of = rows_of
         self.steps = steps
         self.mask_key = mask_key
-        self.streams = [(name, ds, ds.gather_rows, ds.record_bytes, (rows, *ds.item_shape),
-                         ds.dtype)
-                        for name, ds in streams.items()]
         self.transform, self.context = job
         self.workers = workers
         # Up to `prefetch` finished batches wait while `workers` more are being built.
         self.window = prefetch + workers
         keep = self.window + 2
+        self.streams = [(name, ds, ds.gather_rows, ds.record_bytes, (rows, *ds.item_shape),
+                         ds.dtype)
+                        for name, ds in streams.items()]
         self.pools = [BufferPool(rows * ds.record_bytes, keep)
                       for _, ds, *_ in self.streams]
+        self.names = frozenset(streams)
+        # The streams' companion arrays (see loaderx.source), merged into each batch.
+        self.companions = [getattr(ds, "companions", None) for ds in streams.values()]
         self.cond = threading.Condition()
         # num_workers=0: consumers on several threads build their steps one at a time, without
         # holding `cond`, so close() never waits behind a transform.
@@ -885,15 +918,31 @@ class _Pipeline:
         except Exception:
             return
 
-    def _build(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+    def _build(self, idx: np.ndarray) -> dict[str, Any]:
         shards = max(1, _native.num_threads() // max(1, self.workers))
-        batch = {}
-        for (name, _, gather, row_bytes, shape, dtype), pool in zip(
-                self.streams, self.pools, strict=True):
+        batch: dict[str, Any] = {}
+        for (name, _, gather, row_bytes, shape, dtype), pool, companions in zip(
+                self.streams, self.pools, self.companions, strict=True):
             out, raw = pool.take(shape, dtype)
             if len(idx) < shape[0]:  # the last batch of a finite pass
                 out, raw = out[:len(idx)], raw[:len(idx) * row_bytes]
             if len(idx):
                 gather(idx, raw, shards)
             batch[name] = out
+            if companions is not None:
+                self._merge(batch, name, companions(name, idx))
         return batch
+
+    def _merge(self, batch: dict[str, Any], name: str, extra: Any) -> None:
+        """Adds the companion arrays stream ``name`` returned for this batch, refusing a name
+        that is taken (a stream, another companion, the mask)."""
+        if not isinstance(extra, Mapping):
+            raise LoaderxTypeError(f"stream {name!r}'s companions() returned "
+                                   f"{type(extra).__name__}, not a dict of arrays")
+        for key, value in extra.items():
+            if key in self.names or key in batch or key == self.mask_key:
+                raise LoaderxValueError(
+                    f"stream {name!r} adds a companion array {key!r}, a name the batch "
+                    "already has (a stream, another companion array or the mask); rename "
+                    "the stream or pass another mask_key=...")
+            batch[key] = value

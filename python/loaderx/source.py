@@ -20,6 +20,21 @@ the loader uses nothing else of a stream, so a new kind of view needs only these
   ahead only then);
 * ``view_digest`` -- ``""`` for a whole dataset, else a short digest of which records the view
   holds, so that a checkpoint taken on one view is refused on another.
+
+Companion arrays (optional, any stream): a stream may add arrays of its own to every batch, as a
+packed token stream adds segment ids and positions next to its tokens:
+
+* ``companions(name, idxs) -> dict[str, array]`` -- called by the loader right after it
+  gathered the stream's part of a batch into ``batch[name]`` (``idxs``: the uint64 record
+  indices of this shard's rows, in row order; in a padded pass the padding rows' repeated
+  records too), before the transform; the returned arrays are merged into the batch dict. It
+  runs on the worker thread that builds the batch, in every path (threads, ``num_workers=0``,
+  ``epoch()``, shards, after ``seek`` or ``load_state_dict``), so a pure function of ``idxs``
+  keeps every loader promise. A name already in the batch (a stream, another companion, the
+  mask) raises ``LoaderxValueError`` at that batch;
+* ``companion_names(name) -> tuple[str, ...]`` -- the names ``companions`` will return for a
+  stream called ``name``; when given, the loader refuses colliding names at construction (and
+  ``epoch(pad=True)`` a ``mask_key`` among them).
 """
 
 from __future__ import annotations
