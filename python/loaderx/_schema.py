@@ -9,6 +9,7 @@ Records themselves are plain Zrecord byte records; see docs/FORMAT.md.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -19,7 +20,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from loaderx import _native
+from loaderx import _native, staging
 from loaderx.errors import CorruptStoreError, DatasetError
 
 SCHEMA_FILE = "schema.msgpack"
@@ -118,7 +119,12 @@ def read(path: str) -> Schema:
                 "convert`)" if path.endswith(".npy") else "")
         raise DatasetError(f"{path} is a file; a dataset is a directory{hint}")
     if not os.path.isdir(path):
-        raise FileNotFoundError(2, "no dataset at this path", path)
+        # A replacement killed between the two renames of the fallback for file systems without
+        # an atomic exchange leaves the path missing and the complete new dataset beside it.
+        with contextlib.suppress(OSError):
+            staging.remove_stale(path)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(2, "no dataset at this path", path)
     file = os.path.join(path, SCHEMA_FILE)
     if not os.path.lexists(file):
         what = "a raw Zrecord store (open it with loaderx.zrecord.Zrecord)" if is_store(path) \
