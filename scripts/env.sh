@@ -16,7 +16,7 @@ unset CONDA_PREFIX PYTHONHOME
 stamp=".venv/.deps-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$VPY" -m pip install -q --disable-pip-version-check "maturin>=1.7,<2" "numpy>=1.24" "msgpack>=1.0" \
-        "pytest>=7" "hypothesis>=6" "mypy>=1.10" "ruff>=0.6"
+        "pytest>=7" "hypothesis>=6" "mypy>=1.10" "ruff>=0.6" "Pillow>=9"
     touch "$stamp"
 fi
 # Incremental: cargo rebuilds only what changed.

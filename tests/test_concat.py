@@ -103,8 +103,9 @@ def test_ragged_parts(tmp_path):
         np.testing.assert_array_equal(ds[2], a[2])
         with pytest.raises(DatasetError, match="dense"):
             ds.gather([0])
-        with pytest.raises(TypeError, match="dense streams only"):
-            DataLoader({"r": ds}, batch_size=2)
+        with DataLoader({"r": ds}, batch_size=2, mode="sequential") as loader:  # issue 20
+            for g, w in zip(next(loader)["r"], [a[0], a[1]], strict=True):
+                np.testing.assert_array_equal(g, w)
 
 
 def test_open_datasets_can_be_parts(paths):

@@ -17,7 +17,7 @@ from loaderx import (
     from_numpy,
 )
 from loaderx.errors import LoaderxIndexError, LoaderxTypeError
-from loaderx.source import DenseSource, is_dense_source
+from loaderx.source import DenseSource, RaggedSource, is_dense_source, is_ragged_source
 
 
 class ArraySource:
@@ -61,17 +61,20 @@ def test_a_source_written_from_the_protocol_loads_like_a_store(tmp_path):
     np.testing.assert_array_equal(np.concatenate(pass_rows), data)
 
 
-def test_the_store_views_implement_it_and_ragged_ones_are_refused(tmp_path):
+def test_the_store_views_implement_the_dense_or_the_ragged_protocol(tmp_path):
     from_numpy(tmp_path / "d", np.arange(12, dtype=np.int16).reshape(6, 2))
     from_iterator(tmp_path / "r", [np.arange(i) for i in range(1, 5)])
     dense = DenseDataset(tmp_path / "d")
     for view in (dense, ConcatDataset([dense, dense]), dense.subset([0, 2])):
         assert is_dense_source(view), type(view).__name__
     ragged = RaggedDataset(tmp_path / "r")
-    for view in (ragged, ragged.subset([1])):
-        assert not is_dense_source(view)
-        with pytest.raises(LoaderxTypeError, match="dense streams only"):
-            DataLoader({"x": view}, batch_size=1)
+    for view in (ragged, ragged.subset([1]), ConcatDataset([ragged, ragged])):
+        assert not is_dense_source(view) and is_ragged_source(view), type(view).__name__
+        assert isinstance(view, RaggedSource)
+        with DataLoader({"x": view}, batch_size=1, mode="sequential") as loader:
+            np.testing.assert_array_equal(next(loader)["x"][0], view[0])
+    with pytest.raises(LoaderxTypeError, match="loaderx.source"):
+        DataLoader({"x": np.arange(4)}, batch_size=1)
 
 
 def test_a_batch_across_parts_lands_in_its_rows(tmp_path):

@@ -11,6 +11,11 @@ object the ``base`` of the array, and every view, slice or reshape of the array 
 base (NumPy collapses view chains down to the first non-array owner). So the lease lives exactly
 as long as some array can reach the memory; when the last one goes, the lease's ``__del__``
 gives the buffer back. Memory a consumer can still see is never reused.
+
+Dense streams take fixed-size buffers from a :class:`BufferPool`; ragged streams, whose batches
+differ in size, take them from a :class:`GrowingPool`, and every record of a ragged batch is a
+view of its batch's leased array, so the buffer returns only when the consumer has dropped the
+last record of the batch.
 """
 
 from __future__ import annotations
@@ -69,13 +74,69 @@ class BufferPool:
             self._free.clear()
 
 
+class GrowingPool:
+    """Buffers for batches of varying size (ragged streams): ``take(nbytes)`` returns a leased
+    uint8 array of ``nbytes`` bytes over a free buffer at least that large, or over a new one.
+
+    A new buffer gets a quarter more than asked for and never less than the largest made
+    before (its ``capacity``), so capacities grow geometrically while batches grow and then
+    settle on one size that fits the batches seen: after a few batches every request is
+    served from the pool. Buffers smaller than the current capacity are dropped when they
+    come back (and when a request finds none that fits), and at most ``keep`` free buffers are
+    retained, so the pool holds at most ``keep`` buffers of the capacity."""
+
+    #: The smallest buffer made, and the granularity of sizes (a page).
+    GRAIN = 4096
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.capacity = 0
+        self._free: list[tuple[np.ndarray, int]] = []
+        self._lock = threading.Lock()
+        self.allocated = 0  # buffers created, for tests and the benchmark
+        self.closed = False
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A leased, writable uint8 array of ``nbytes`` bytes (fill it, then take views of
+        it: every view keeps the lease)."""
+        with self._lock:
+            item = None
+            for i, (buf, _) in enumerate(self._free):
+                if len(buf) >= nbytes:
+                    item = self._free.pop(i)
+                    break
+            if item is None:
+                self._free.clear()  # all smaller than this request, so below the new capacity
+                grain = self.GRAIN
+                want = -(-(nbytes + nbytes // 4) // grain) * grain or grain
+                self.capacity = max(self.capacity, want)
+                self.allocated += 1
+                size = self.capacity
+        if item is None:
+            buf = aligned_empty(size)
+            item = (buf, buf.__array_interface__["data"][0])
+        return np.asarray(_Lease(self, item, (nbytes,), "|u1"))
+
+    def give(self, item: tuple[np.ndarray, int]) -> None:
+        with self._lock:
+            if (not self.closed and len(self._free) < self.keep
+                    and len(item[0]) >= self.capacity):
+                self._free.append(item)
+
+    def close(self) -> None:
+        """Drops the free buffers; buffers still leased are freed when their arrays go."""
+        with self._lock:
+            self.closed = True
+            self._free.clear()
+
+
 class _Lease:
     """Owner of one handed-out buffer (see the module documentation)."""
 
     __slots__ = ("_pool", "_item", "__array_interface__")
 
-    def __init__(self, pool: BufferPool, item: tuple[np.ndarray, int], shape: tuple[int, ...],
-                 typestr: str) -> None:
+    def __init__(self, pool: BufferPool | GrowingPool, item: tuple[np.ndarray, int],
+                 shape: tuple[int, ...], typestr: str) -> None:
         self._pool = pool
         self._item = item
         self.__array_interface__: dict[str, Any] = {

@@ -10,9 +10,9 @@ records, or data written in parts.
 >>> len(ds), ds[[0, 5, 11]].tolist()
 (12, [[0, 0], [1, 1], [2, 2]])
 
-The view is read-only (write to the parts). Dense parts make a dense view, which the
-:class:`~loaderx.dataloader.DataLoader` accepts like a :class:`~loaderx.dataset.DenseDataset`;
-ragged parts make a ragged view whose items are lists of arrays. Record ``i`` of the view is
+The view is read-only (write to the parts). Dense parts make a dense view, ragged parts a
+ragged view whose items are lists of arrays; the :class:`~loaderx.dataloader.DataLoader` takes
+either as a stream, like the datasets themselves. Record ``i`` of the view is
 record ``i - start(k)`` of the part ``k`` that holds it; the parts' lengths are read once, when
 the view is made (appending to a part later does not grow the view). A view pickles as its
 parts do: by absolute path, each with its own ``verify_reads``.
@@ -183,9 +183,7 @@ class ConcatDataset:
                     rows: np.ndarray | None = None) -> None:
         """Dense views: each part's records of the batch go straight to their rows of ``dst``
         (see :mod:`loaderx.source`)."""
-        if int(idxs.max(initial=0)) >= self._len:
-            bad = int(idxs[idxs >= self._len][0])
-            raise LoaderxIndexError(f"index {bad} is out of range for {self._len} records")
+        self._check(idxs)
         part, local = self._locate(idxs)
         for k in np.unique(part):
             ds = cast(DenseDataset, self._parts[int(k)])  # a dense view: every part is
@@ -195,6 +193,36 @@ class ConcatDataset:
                 return
             into = here.astype(np.uint64) if rows is None else rows[here]
             ds.gather_rows(local[here], dst, shards, into)
+
+    def _check(self, idxs: np.ndarray) -> None:
+        if int(idxs.max(initial=0)) >= self._len:
+            bad = int(idxs[idxs >= self._len][0])
+            raise LoaderxIndexError(f"index {bad} is out of range for {self._len} records")
+
+    def record_nbytes(self, idxs: np.ndarray) -> np.ndarray:
+        """Ragged views: each record's byte length (uint64), from its part's record table (see
+        :mod:`loaderx.source`)."""
+        self._check(idxs)
+        part, local = self._locate(idxs)
+        out = np.empty(len(idxs), dtype=np.uint64)
+        for k in np.unique(part):
+            ds = cast(RaggedDataset, self._parts[int(k)])  # a ragged view: every part is
+            here = np.flatnonzero(part == k)
+            out[here] = ds.record_nbytes(local[here])
+        return out
+
+    def gather_at(self, idxs: np.ndarray, dst: np.ndarray, offsets: np.ndarray) -> None:
+        """Ragged views: each part's records of the batch go straight to their offsets in
+        ``dst``, one native call per part (see :mod:`loaderx.source`)."""
+        self._check(idxs)
+        part, local = self._locate(idxs)
+        for k in np.unique(part):
+            ds = cast(RaggedDataset, self._parts[int(k)])
+            here = np.flatnonzero(part == k)
+            if len(here) == len(idxs):
+                ds.gather_at(local, dst, offsets)
+                return
+            ds.gather_at(local[here], dst, offsets[here])
 
     def _ragged(self, idxs: np.ndarray) -> list[np.ndarray]:
         part, local = self._locate(idxs)

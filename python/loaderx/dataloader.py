@@ -111,8 +111,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from loaderx import _native
-from loaderx._recycle import BufferPool
+from loaderx._recycle import BufferPool, GrowingPool
 from loaderx.context import BatchContext
+from loaderx.dataset import _ragged_layout, _ragged_views
 from loaderx.errors import LoaderClosedError, LoaderxTypeError, LoaderxValueError
 from loaderx.sampler import (
     _MAX_BATCH,
@@ -124,11 +125,12 @@ from loaderx.sampler import (
     _u64,
     normalize_seed,
 )
-from loaderx.source import DenseSource, is_dense_source
+from loaderx.source import DenseSource, RaggedSource, is_dense_source, is_ragged_source
 
 #: What a loader stream may be: anything that implements :class:`loaderx.source.DenseSource`
-#: (a DenseDataset, or a dense ConcatDataset or Subset).
-Stream = DenseSource
+#: (a DenseDataset, or a dense ConcatDataset or Subset) or
+#: :class:`loaderx.source.RaggedSource` (a RaggedDataset, or a ragged ConcatDataset or Subset).
+Stream = DenseSource | RaggedSource
 
 __all__ = ["DataLoader", "Pass", "Stream"]
 
@@ -221,10 +223,11 @@ class DataLoader:
             if isinstance(ds, (str, os.PathLike)):
                 raise LoaderxTypeError(f"stream {name!r} is a path; open it first: "
                                        f"DenseDataset({os.fspath(ds)!r})")
-            if not is_dense_source(ds):
+            if not (is_dense_source(ds) or is_ragged_source(ds)):
                 raise LoaderxTypeError(
-                    f"stream {name!r} is a {type(ds).__name__}; the DataLoader reads dense "
-                    "streams only (pad ragged records into a dense store first)")
+                    f"stream {name!r} is a {type(ds).__name__}; a stream is a DenseDataset or "
+                    "RaggedDataset, a ConcatDataset or Subset of one, or an object with the "
+                    "members loaderx.source lists")
         _check_companion_names(streams)
         lengths = {name: len(ds) for name, ds in streams.items()}
         if len(set(lengths.values())) != 1:
@@ -674,7 +677,7 @@ class _Pipeline:
     (None: endless). ``rows`` is the most rows a batch has (a pass's last one may have fewer);
     ``mask_key`` names the mask a padded pass adds to each batch."""
 
-    def __init__(self, streams: dict[str, Stream], start_step: int,
+    def __init__(self, streams: dict[str, Any], start_step: int,
                  rows_of: Callable[[int], _Rows], job: _Job, workers: int, prefetch: int,
                  rows: int, readahead: int = 0, steps: int | None = None,
                  mask_key: str | None = None) -> None:
@@ -686,11 +689,15 @@ class _Pipeline:
         # Up to `prefetch` finished batches wait while `workers` more are being built.
         self.window = prefetch + workers
         keep = self.window + 2
-        self.streams = [(name, ds, ds.gather_rows, ds.record_bytes, (rows, *ds.item_shape),
-                         ds.dtype)
-                        for name, ds in streams.items()]
-        self.pools = [BufferPool(rows * ds.record_bytes, keep)
-                      for _, ds, *_ in self.streams]
+        # Dense streams: (name, ds, gather_rows, record bytes, batch shape, dtype, False);
+        # ragged ones: (name, ds, gather_at, None, item_shape, dtype, True).
+        self.streams: list[tuple[Any, ...]] = [
+            (name, ds, ds.gather_at, None, ds.item_shape, ds.dtype, True)
+            if ds.kind == "ragged" else
+            (name, ds, ds.gather_rows, ds.record_bytes, (rows, *ds.item_shape), ds.dtype, False)
+            for name, ds in streams.items()]
+        self.pools: list[Any] = [GrowingPool(keep) if ragged else BufferPool(rows * row_bytes, keep)
+                      for _, _, _, row_bytes, _, _, ragged in self.streams]
         self.names = frozenset(streams)
         # The streams' companion arrays (see loaderx.source), merged into each batch.
         self.companions = [getattr(ds, "companions", None) for ds in streams.values()]
@@ -921,14 +928,17 @@ class _Pipeline:
     def _build(self, idx: np.ndarray) -> dict[str, Any]:
         shards = max(1, _native.num_threads() // max(1, self.workers))
         batch: dict[str, Any] = {}
-        for (name, _, gather, row_bytes, shape, dtype), pool, companions in zip(
+        for (name, ds, gather, row_bytes, shape, dtype, ragged), pool, companions in zip(
                 self.streams, self.pools, self.companions, strict=True):
-            out, raw = pool.take(shape, dtype)
-            if len(idx) < shape[0]:  # the last batch of a finite pass
-                out, raw = out[:len(idx)], raw[:len(idx) * row_bytes]
-            if len(idx):
-                gather(idx, raw, shards)
-            batch[name] = out
+            if ragged:
+                batch[name] = _gather_ragged(ds, gather, pool, idx, shape, dtype)
+            else:
+                out, raw = pool.take(shape, dtype)
+                if len(idx) < shape[0]:  # the last batch of a finite pass
+                    out, raw = out[:len(idx)], raw[:len(idx) * row_bytes]
+                if len(idx):
+                    gather(idx, raw, shards)
+                batch[name] = out
             if companions is not None:
                 self._merge(batch, name, companions(name, idx))
         return batch
@@ -946,3 +956,17 @@ class _Pipeline:
                     "already has (a stream, another companion array or the mask); rename "
                     "the stream or pass another mask_key=...")
             batch[key] = value
+
+
+def _gather_ragged(ds: Any, gather: Callable[..., None], pool: GrowingPool, idx: np.ndarray,
+                   item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> list[np.ndarray]:
+    """A ragged stream's rows: their lengths from the record table (one call), one leased
+    buffer of their total size, filled by one native gather at the lengths' running sum, and
+    each record a view of it -- so the buffer returns to the pool when the consumer has let go
+    of the last record."""
+    nbytes = ds.record_nbytes(idx)
+    offsets, total = _ragged_layout(nbytes)
+    buf = pool.take(total)
+    if len(idx):
+        gather(idx, buf, offsets)
+    return _ragged_views(buf, offsets, nbytes, dtype, item_shape)

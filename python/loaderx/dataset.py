@@ -294,7 +294,25 @@ class RaggedDataset(_StoreView):
     """
 
     _kind = "ragged"
+
+    # -- the ragged-source protocol (loaderx.source) -------------------------------------------
+
     kind = "ragged"
+    view_digest = ""  # a whole dataset
+
+    def record_nbytes(self, idxs: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+        """The byte length of each record ``idxs[i]`` (uint64), from the record table alone;
+        ``CorruptStoreError`` for a record that is not a whole number of rows. See
+        :mod:`loaderx.source`."""
+        nbytes = self._store.lengths(idxs)
+        self._rows(nbytes, idxs)
+        return nbytes.astype(np.uint64)
+
+    def gather_at(self, idxs: npt.NDArray[np.uint64], dst: npt.NDArray[np.uint8],
+                  offsets: npt.NDArray[np.uint64]) -> None:
+        """Writes record ``idxs[i]`` into ``dst`` at byte ``offsets[i]``, in one native call
+        (split across the store's thread pool). See :mod:`loaderx.source`."""
+        self._store.gather(idxs, dst, offsets)
 
     @overload
     def __getitem__(self, idx: int | np.integer[Any]) -> npt.NDArray[Any]: ...
@@ -329,16 +347,35 @@ class RaggedDataset(_StoreView):
 
     def _read(self, idxs: np.ndarray) -> list[np.ndarray]:
         nbytes = self._store.lengths(idxs)
-        rows = self._rows(nbytes, idxs)
-        ends = np.cumsum(nbytes, dtype=np.uint64)
-        offsets = ends - nbytes
-        buf = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
+        self._rows(nbytes, idxs)
+        offsets, total = _ragged_layout(nbytes)
+        buf = np.empty(total, dtype=np.uint8)
         if len(idxs):
             self._store.gather(idxs, buf, offsets)
-        return [
-            buf[int(o):int(e)].view(self.dtype).reshape((int(r), *self.item_shape))
-            for o, e, r in zip(offsets, ends, rows, strict=True)
-        ]
+        return _ragged_views(buf, offsets, nbytes, self.dtype, self.item_shape)
+
+
+def _ragged_layout(nbytes: npt.NDArray[Any]) -> tuple[npt.NDArray[np.uint64], int]:
+    """Where records of ``nbytes`` bytes go in one buffer, back to back: their byte offsets
+    (uint64) and the buffer's size."""
+    ends = np.cumsum(nbytes, dtype=np.uint64)
+    total = int(ends[-1]) if len(ends) else 0
+    ends -= nbytes.astype(np.uint64, copy=False)  # now the starts
+    return ends, total
+
+
+def _ragged_views(buf: npt.NDArray[np.uint8], offsets: npt.NDArray[np.uint64],
+                 nbytes: npt.NDArray[Any], dtype: np.dtype[Any],
+                 item_shape: tuple[int, ...]) -> list[npt.NDArray[Any]]:
+    """The records laid out by :func:`_ragged_layout` in ``buf`` as ``(n_i, *item_shape)``
+    arrays of ``dtype``: views of ``buf``, so they keep it (and whatever owns it) alive."""
+    row = dtype.itemsize * int(np.prod(item_shape, dtype=np.int64))
+    starts = offsets.tolist()
+    sizes = nbytes.tolist()
+    if row == 0:  # rows of no bytes: the row count is unknowable, as for ``pad``-free reads
+        return [buf[o:o].view(dtype).reshape((0, *item_shape)) for o in starts]
+    return [buf[o:o + n].view(dtype).reshape((n // row, *item_shape))
+            for o, n in zip(starts, sizes, strict=True)]
 
 
 def pad(records: Sequence[Any], max_len: int | None = None,

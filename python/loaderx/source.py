@@ -1,11 +1,14 @@
-"""The dense-source protocol: what a :class:`~loaderx.dataloader.DataLoader` stream provides.
+"""The stream protocols: what a :class:`~loaderx.dataloader.DataLoader` stream provides.
 
-A stream is anything whose records are fixed-shape arrays of one dtype, addressed ``0..len``,
-that can write a batch of them straight into a caller's buffer. :class:`DenseDataset`, a dense
-:class:`~loaderx.concat.ConcatDataset` and a dense :class:`~loaderx.subset.Subset` implement it;
-the loader uses nothing else of a stream, so a new kind of view needs only these members:
+A stream is anything whose records are arrays of one dtype, addressed ``0..len``, that can write
+a batch of them straight into a caller's buffer. The loader uses nothing else of a stream, so a
+new kind of view needs only these members. Two kinds exist.
 
-* ``kind`` -- ``"dense"`` (a ragged view says ``"ragged"`` and is refused);
+**Dense** (:class:`DenseSource`): every record has one fixed shape; a batch is one
+``(rows, *item_shape)`` array. :class:`DenseDataset`, a dense
+:class:`~loaderx.concat.ConcatDataset` and a dense :class:`~loaderx.subset.Subset` implement it:
+
+* ``kind`` -- ``"dense"``;
 * ``dtype``, ``item_shape``, ``record_bytes`` -- what one record is (``record_bytes`` is
   ``dtype.itemsize * prod(item_shape)``);
 * ``len(source)`` -- the number of records;
@@ -20,6 +23,23 @@ the loader uses nothing else of a stream, so a new kind of view needs only these
   ahead only then);
 * ``view_digest`` -- ``""`` for a whole dataset, else a short digest of which records the view
   holds, so that a checkpoint taken on one view is refused on another.
+
+**Ragged** (:class:`RaggedSource`): record ``i`` is an ``(n_i, *item_shape)`` array (encoded
+bytes are ``(n_i,)`` uint8 records); a batch is a list of such arrays, one per row, views into
+one buffer the loader leases from its pool. :class:`RaggedDataset`, a ragged
+:class:`~loaderx.concat.ConcatDataset` and a ragged :class:`~loaderx.subset.Subset` implement it:
+
+* ``kind`` -- ``"ragged"``;
+* ``dtype``, ``item_shape`` -- the element type and the trailing dimensions of every record;
+* ``len(source)``, ``prefetch``, ``recently_cold``, ``view_digest`` -- as for dense streams;
+* ``record_nbytes(idxs)`` -- the byte length of each record ``idxs[i]`` (a uint64 array), read
+  from the record table without reading a record; ``LoaderxIndexError`` for an index out of
+  range, ``CorruptStoreError`` for a record that is not a whole number of
+  ``dtype.itemsize * prod(item_shape)``-byte rows;
+* ``gather_at(idxs, dst, offsets)`` -- writes record ``idxs[i]`` into the bytes of ``dst`` (a
+  writable, C-contiguous uint8 array) starting at byte ``offsets[i]`` (uint64; the loader lays
+  the records out back to back at the running sum of their lengths), checking every index and
+  range before writing.
 
 Companion arrays (optional, any stream): a stream may add arrays of its own to every batch, as a
 packed token stream adds segment ids and positions next to its tokens:
@@ -44,7 +64,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DenseSource", "is_dense_source"]
+__all__ = ["DenseSource", "RaggedSource", "is_dense_source", "is_ragged_source"]
 
 
 @runtime_checkable
@@ -81,3 +101,37 @@ class DenseSource(Protocol):
 def is_dense_source(obj: object) -> bool:
     """Whether ``obj`` implements the protocol with dense records."""
     return isinstance(obj, DenseSource) and obj.kind == "dense"
+
+
+@runtime_checkable
+class RaggedSource(Protocol):
+    """See the module documentation."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+
+    @property
+    def item_shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def recently_cold(self) -> bool: ...
+
+    @property
+    def view_digest(self) -> str: ...
+
+    def __len__(self) -> int: ...
+
+    def record_nbytes(self, idxs: npt.NDArray[np.uint64]) -> npt.NDArray[Any]: ...
+
+    def gather_at(self, idxs: npt.NDArray[np.uint64], dst: npt.NDArray[np.uint8],
+                  offsets: npt.NDArray[np.uint64]) -> None: ...
+
+    def prefetch(self, idxs: Any) -> bool: ...
+
+
+def is_ragged_source(obj: object) -> bool:
+    """Whether ``obj`` implements the protocol with ragged records."""
+    return isinstance(obj, RaggedSource) and obj.kind == "ragged"

@@ -3,10 +3,11 @@
 ``Subset(dataset, indices)`` (or ``dataset.subset(indices)``) is the records ``indices`` of a
 :class:`~loaderx.dataset.DenseDataset`, :class:`~loaderx.dataset.RaggedDataset` or
 :class:`~loaderx.concat.ConcatDataset`, renumbered ``0..len(indices)``: indexing it is indexing
-the dataset at ``indices[i]``, in one gather. A dense subset is a :class:`~loaderx.dataloader.
-DataLoader` stream like the dataset itself. :func:`split` cuts a dataset into disjoint subsets
-of given fractions from a seeded permutation, the usual train/validation split; given a dict of
-aligned streams it splits them all at the same indices, so images keep their labels.
+the dataset at ``indices[i]``, in one gather. A subset, dense or ragged, is a
+:class:`~loaderx.dataloader.DataLoader` stream like the dataset itself. :func:`split` cuts a
+dataset into disjoint subsets of given fractions from a seeded permutation, the usual
+train/validation split; given a dict of aligned streams it splits them all at the same
+indices, so images keep their labels.
 
 >>> import numpy as np, tempfile, os
 >>> from loaderx.converter import from_numpy
@@ -63,6 +64,13 @@ class Subset:
         self.kind: str = dataset.kind
         if self.kind == "dense":
             self.record_bytes = dataset.record_bytes
+        # A stream's companion arrays (loaderx.source) follow it into its subsets, at the
+        # records the subset maps to. A partial, not a bound method: no reference cycle.
+        if callable(getattr(dataset, "companions", None)):
+            self.companions = functools.partial(_mapped_companions, dataset.companions,
+                                                self._indices)
+            if callable(getattr(dataset, "companion_names", None)):
+                self.companion_names = dataset.companion_names
 
     # -- what the datasets share ------------------------------------------------------------------
 
@@ -157,11 +165,31 @@ class Subset:
                     rows: np.ndarray | None = None) -> None:
         """Dense subsets: the loader's gather, through the index map (see
         :mod:`loaderx.source`)."""
+        self._base.gather_rows(self._mapped(idxs), dst, shards, rows)
+
+
+    def record_nbytes(self, idxs: np.ndarray) -> np.ndarray:
+        """Ragged subsets: each record's byte length, through the index map (see
+        :mod:`loaderx.source`)."""
+        return self._base.record_nbytes(self._mapped(idxs))
+
+    def gather_at(self, idxs: np.ndarray, dst: np.ndarray, offsets: np.ndarray) -> None:
+        """Ragged subsets: the loader's gather, through the index map (see
+        :mod:`loaderx.source`)."""
+        self._base.gather_at(self._mapped(idxs), dst, offsets)
+
+    def _mapped(self, idxs: np.ndarray) -> np.ndarray:
+        """The base dataset's indices of the loader's ``idxs`` (uint64), checked."""
         if len(idxs) and int(idxs.max()) >= len(self):
             bad = int(idxs[idxs >= len(self)][0])
             raise LoaderxIndexError(
                 f"index {bad} is out of range for a subset of {len(self)} records")
-        self._base.gather_rows(self._indices[idxs], dst, shards, rows)
+        return self._indices[idxs]
+
+
+def _mapped_companions(companions: Any, indices: np.ndarray, name: str,
+                       idxs: np.ndarray) -> Any:
+    return companions(name, indices[idxs])
 
 
 @overload
