@@ -185,7 +185,9 @@ def test_convert_into_an_existing_dataset_needs_append_or_overwrite(tmp_path, np
     assert run("convert", str(npy), str(out)).returncode == 0
     assert_clean_error(run("convert", str(npy), str(out)), 2, "--append", "--overwrite")
     assert len(DenseDataset(out)) == len(DATA), "a refused conversion writes nothing"
-    assert run("convert", str(npy), str(out), "--append").returncode == 0
+    appended = run("convert", str(npy), str(out), "--append")
+    assert appended.returncode == 0
+    assert "AppendWarning" not in appended.stderr, "--append asked for it: no warning"
     assert len(DenseDataset(out)) == 2 * len(DATA)
     assert run("convert", str(npy), str(out), "--overwrite").returncode == 0
     assert len(DenseDataset(out)) == len(DATA)

@@ -179,7 +179,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
                           "records to it or --overwrite to replace it")
     progress = None if args.progress == "auto" else args.progress == "on"
     n = from_numpy(args.out, arr, codec=args.codec, chunk_bytes=args.chunk_bytes,
-                   dict_size=args.dict_size, overwrite=args.overwrite, progress=progress,
+                   dict_size=args.dict_size, overwrite=args.overwrite,
+                   append=True if args.append else None, progress=progress,
                    checksums=args.checksums)
     print(f"{args.out}: {n} records ({arr.dtype.str} {tuple(arr.shape[1:])}, {args.codec})")
     return EXIT_OK

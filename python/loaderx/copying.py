@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from loaderx import _schema, staging
-from loaderx.errors import CorruptStoreError, DatasetError
+from loaderx.errors import CorruptStoreError, DatasetError, StoreChangedError
 from loaderx.zrecord import Zrecord
 
 __all__ = ["copy", "copy_files", "data_regions", "held_still", "store_files", "verified",
@@ -102,8 +102,8 @@ def held_still(src: str) -> Iterator[None]:
     try:
         try:
             source.lock_for_writing()  # nobody writes it while it is read (else busy)
-        except OSError:
-            pass
+        except (OSError, StoreChangedError):
+            pass  # read-only, or retired (replaced): nobody of ours can write it either
         source.sync()
         yield
     finally:
@@ -114,10 +114,11 @@ def verified(path: str, what: str) -> tuple[int, dict[str, Any]]:
     """Opens the store ``path``, decodes every record and returns ``(records, report)``;
     raises CorruptStoreError naming ``what`` if a record fails."""
     with Zrecord(path) as z:
-        report = z.verify()
+        report = z.verify(max_listed=3)  # memory bounded however much is damaged
         records = len(z)
-    if report["failures"]:
-        raise CorruptStoreError(f"{what} {path} does not verify: {report['failures'][:3]}")
+    if report["failed"]:
+        raise CorruptStoreError(f"{what} {path} does not verify: {report['failed']} damaged "
+                                f"records, the first: {report['failures']}")
     return records, report
 
 
