@@ -86,56 +86,17 @@ def overwrite_kill_loop(tmp: str, kills: int, seed: int) -> dict[str, int]:
     return {"kills": kills, "distinct_generations_found": len(seen)}
 
 
-FORKER = textwrap.dedent("""
-    import os, sys, threading, time
-    import reliability as rel
-    from loaderx.zrecord import Zrecord
-    z = Zrecord(sys.argv[1], codec="zstd")
-    want = int(sys.argv[2])
-    state = {"inside": False}
-    stop = threading.Event()
-    def appender():
-        n = 0
-        while not stop.is_set():
-            batch = rel.pack([rel.make_record(i) for i in range(n, n + 200)])
-            state["inside"] = True
-            z.append(*batch)
-            state["inside"] = False
-            n += 200
-    threading.Thread(target=appender, daemon=True).start()
-    caught = forks = 0
-    while caught < want:
-        while not state["inside"]:
-            time.sleep(0.0002)
-        pid = os.fork()
-        if pid == 0:
-            sys.exit(0 if state["inside"] else 10)
-        deadline = time.monotonic() + 60
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                raise SystemExit("a forked child hung at exit")
-            time.sleep(0.002)
-        assert os.waitstatus_to_exitcode(status) in (0, 10)
-        forks += 1
-        caught += os.waitstatus_to_exitcode(status) == 0
-    stop.set()
-    print(caught, forks)
-""")
-
-
 def fork_exit_loop(tmp: str, caught: int, tests_dir: pathlib.Path) -> dict[str, int]:
+    """The suite's scenario (tests/test_engine_edges.py), catching ``caught`` forks."""
+    sys.path.insert(0, str(tests_dir))
+    from test_engine_edges import FORK_AT_EXIT
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(tests_dir), os.environ.get("PYTHONPATH", "")) if p)}
-    r = subprocess.run([sys.executable, "-c", FORKER, f"{tmp}/fork", str(caught)],
+    r = subprocess.run([sys.executable, "-c", FORK_AT_EXIT, f"{tmp}/fork", str(caught)],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    got, forks = map(int, r.stdout.split())
-    return {"forks": forks, "inside_a_native_call": got, "hung": 0}
+    _, got, _, forks = r.stdout.split()  # "caught N of M"
+    return {"forks": int(forks), "inside_a_native_call": int(got), "hung": 0}
 
 
 def prefetch_resume_loop(tmp: str, rounds: int, seed: int) -> dict[str, int]:

@@ -62,6 +62,7 @@ import reliability as rel
 from loaderx.zrecord import Zrecord
 
 z = Zrecord(sys.argv[1], codec="zstd")
+want = int(sys.argv[2]) if len(sys.argv) > 2 else 3   # forks to catch inside a native call
 state = {"inside": False}
 stop = threading.Event()
 
@@ -76,8 +77,8 @@ def appender():
 
 threading.Thread(target=appender, daemon=True).start()
 caught = forks = 0
-while caught < 3:
-    assert forks < 200, f"only {caught} of {forks} forks caught the append in flight"
+while caught < want:
+    assert forks < 70 * want, f"only {caught} of {forks} forks caught the append in flight"
     while not state["inside"]:
         time.sleep(0.0002)
     pid = os.fork()
