@@ -13,6 +13,8 @@ public names are importable from here::
 * :mod:`loaderx.dataloader` -- :class:`DataLoader`, the endless step-based loader;
   :mod:`loaderx.sampler` -- :class:`Sampler` and :class:`Mode`, batch indices as a pure
   function of (seed, step).
+* :mod:`loaderx.packing` -- :func:`pack`: token documents as fixed-length rows (packed
+  sequences with segment ids and positions) for language models.
 * :mod:`loaderx.zrecord` -- :class:`Zrecord`, the raw byte-record store underneath.
 * :mod:`loaderx.errors` -- the exception hierarchy (base :class:`LoaderxError`, alias
   ``ZrecordError``).
@@ -49,6 +51,7 @@ from loaderx.frameworks import (  # each imports torch or JAX only when called
     to_torch,
     torch_batches,
 )
+from loaderx.packing import PackedDataset, pack
 from loaderx.prefetch import Prefetcher
 from loaderx.sampler import Mode, Sampler
 from loaderx.sharding import jax_process_shard, single_process, torch_process_shard
@@ -57,8 +60,9 @@ from loaderx.zrecord import Zrecord
 
 __all__ = [
     "BatchContext", "ConcatDataset", "DataLoader", "DenseDataset", "LoaderxError", "Mode",
-    "Prefetcher", "RaggedDataset", "Sampler", "Subset", "Zip", "Zrecord", "ZrecordError", "errors",
-    "from_iterator", "from_numpy", "jax_process_shard", "pad", "pad_collate", "prefetch_to_device",
-    "prefetch_to_torch", "set_num_threads", "single_process", "split", "to_torch",
-    "torch_batches", "torch_process_shard", "__version__",
+    "PackedDataset", "Prefetcher", "RaggedDataset", "Sampler", "Subset", "Zip", "Zrecord",
+    "ZrecordError", "errors", "from_iterator", "from_numpy", "jax_process_shard", "pack", "pad",
+    "pad_collate", "prefetch_to_device", "prefetch_to_torch", "set_num_threads",
+    "single_process", "split", "to_torch", "torch_batches", "torch_process_shard",
+    "__version__",
 ]

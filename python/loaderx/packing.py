@@ -1,0 +1,595 @@
+"""Packed sequences: token documents as fixed-length rows, for language models.
+
+``pack(docs, seq_len)`` turns a ragged dataset of 1-D token records (a
+:class:`~loaderx.dataset.RaggedDataset`, a ragged :class:`~loaderx.subset.Subset` or
+:class:`~loaderx.concat.ConcatDataset`) into a dense view of ``seq_len``-token rows, usable
+anywhere a dense stream is: a :class:`~loaderx.dataloader.DataLoader` stream, ``subset()``,
+:func:`~loaderx.subset.split`, ``epoch()``. In a loader batch a packed stream named ``name``
+gives ``name`` (rows of tokens), ``name_segment_ids`` (int32: 1, 2, ... for the documents of a
+row in row order, 0 for padding) and ``name_positions`` (int32: each token's position inside
+its document, continuing when a document continues from the previous row).
+
+>>> import numpy as np, tempfile, os
+>>> from loaderx.converter import from_iterator
+>>> from loaderx.dataset import RaggedDataset
+>>> path = os.path.join(tempfile.mkdtemp(), "docs")
+>>> _ = from_iterator(path, [np.arange(1, n + 1, dtype=np.uint16) for n in (3, 5, 2)])
+>>> rows = pack(RaggedDataset(path), 4, eos_id=0)
+>>> len(rows), rows.dropped_tokens
+(3, 1)
+>>> rows[:]       # the documents in the seeded order 2, 0, 1, each followed by eos_id 0
+array([[1, 2, 0, 1],
+       [2, 3, 0, 1],
+       [2, 3, 4, 5]], dtype=uint16)
+>>> segment_ids, positions = rows.segments([1, 2])
+>>> segment_ids, positions
+(array([[1, 1, 1, 2],
+       [1, 1, 1, 1]], dtype=int32), array([[1, 2, 3, 0],
+       [1, 2, 3, 4]], dtype=int32))
+
+Methods: ``"concat"`` (pretraining) concatenates the documents in a seeded order, each followed
+by ``eos_id`` when given, and cuts the stream into rows: every token lands in exactly one row,
+only the tail shorter than a row is dropped. ``"first_fit"`` (fine-tuning) packs whole
+documents into rows without splitting any (best-fit decreasing, see
+:mod:`loaderx._pack_plan`), the rest of a row ``pad_id`` with segment id 0; a document longer
+than a row is truncated to its first ``seq_len`` tokens (with ``eos_id``: its first
+``seq_len - 1`` and the end token) and counted in :attr:`PackedDataset.truncated`, or refused
+with ``truncate=False``.
+
+The row plan is computed once, from the record table's lengths alone (no record is read), and
+is a pure function of the documents' lengths and the arguments: the loader's sampler shuffles
+rows as for any dense stream, so resume, worker-count independence and shards hold unchanged,
+and a checkpoint stays a few integers. A view pickles as its documents and arguments (a worker
+process plans again, getting the same rows).
+
+Reading a row copies only the tokens it holds: each part is a byte range of one record
+(``Zrecord.gather_parts`` where the engine has it: a compressed record is decoded once per batch
+however many parts of it the batch holds). Documents written with
+``from_iterator(..., max_record_bytes=N)`` are stored as pieces of at most ``N`` bytes (schema
+key ``piece_rows``: a record of exactly that many rows is continued by the next record; a
+document ends at its first shorter record, an empty one when its length is a multiple), so a
+long document in a compressed store is decoded a piece, not a document, per row it touches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from loaderx._pack_plan import ConcatPlan, FirstFitPlan, Parts, _ranges
+from loaderx._recycle import aligned_empty
+from loaderx.dataset import RaggedDataset, _dense_gather, _indices, _one_index
+from loaderx.errors import DatasetError, LoaderxIndexError, LoaderxTypeError, LoaderxValueError
+from loaderx.sampler import normalize_seed
+
+__all__ = ["pack", "PackedDataset", "PIECE_ROWS_KEY"]
+
+#: The schema key of a token corpus written in pieces (see the module docs).
+PIECE_ROWS_KEY = "piece_rows"
+
+Method = Literal["concat", "first_fit"]
+_METHODS = ("concat", "first_fit")
+
+
+def pack(docs: Any, seq_len: int, *, method: Method = "concat", seed: Any = 0,
+         eos_id: int | None = None, pad_id: int = 0, truncate: bool = True) -> PackedDataset:
+    """The documents of ``docs`` packed into rows of ``seq_len`` tokens; see the module docs.
+
+    ``docs``: a ragged dataset, subset or concatenation of 1-D integer records (one document
+    each, or pieces of documents written with ``max_record_bytes=``). ``method``:
+    ``"concat"`` or ``"first_fit"``. ``seed``: any int, the documents' order (concat) or
+    which documents share a row (first_fit). ``eos_id``: a token written after every document
+    (None: none). ``pad_id``: the token of first_fit's padding. ``truncate``: first_fit's
+    treatment of a document longer than a row (False: LoaderxValueError)."""
+    return PackedDataset(docs, seq_len, method=method, seed=seed, eos_id=eos_id,
+                         pad_id=pad_id, truncate=truncate)
+
+
+class _Layout(NamedTuple):
+    """Where the documents' records live: ``parts`` (the ragged datasets that hold them),
+    ``part_starts`` (each part's first record in the base's numbering, and the total), and
+    ``indices`` (each view record's base record; None: the identity)."""
+
+    parts: list[RaggedDataset]
+    part_starts: np.ndarray
+    indices: np.ndarray | None
+
+
+def _layout(docs: Any) -> _Layout:
+    """The parts of a ragged dataset, subset or concatenation, checked for token records."""
+    from loaderx.concat import ConcatDataset
+    from loaderx.subset import Subset
+
+    if isinstance(docs, (str, os.PathLike)):
+        raise LoaderxTypeError(f"pack() got a path; open it first: "
+                               f"pack(RaggedDataset({os.fspath(docs)!r}), ...)")
+    base, indices = docs, None
+    if isinstance(docs, Subset):
+        base, indices = docs.dataset, docs.indices
+    if isinstance(base, RaggedDataset):
+        parts = [base]
+    elif isinstance(base, ConcatDataset) and base.kind == "ragged":
+        parts = [p for p in base.parts if isinstance(p, RaggedDataset)]
+    elif getattr(base, "kind", None) == "dense":
+        raise LoaderxTypeError(
+            f"pack() needs ragged token records (one document per record); "
+            f"{type(docs).__name__} is dense. Write documents with "
+            "loaderx.from_iterator(path, docs) and pass RaggedDataset(path)")
+    else:
+        raise LoaderxTypeError(
+            f"pack() needs a RaggedDataset (or a ragged Subset / ConcatDataset) of token "
+            f"documents, got {type(docs).__name__}; write them with "
+            "loaderx.from_iterator(path, docs) first")
+    first = parts[0]
+    if first.item_shape != ():
+        raise LoaderxValueError(
+            f"pack() needs 1-D token records; {first.path} holds records of shape "
+            f"(n, {', '.join(map(str, first.item_shape))})".replace(", )", ")")
+            + " (one token per row of a record; store each document's tokens as a 1-D array)")
+    if first.dtype.kind not in "iu":
+        raise LoaderxTypeError(f"pack() needs integer tokens; {first.path} holds "
+                               f"{first.dtype} records")
+    lengths = np.array([len(p) for p in parts], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return _Layout(parts, starts, indices)
+
+
+def _piece_rows(parts: list[RaggedDataset]) -> int:
+    """The parts' common ``piece_rows`` (0: documents are whole records)."""
+    found = {int(p.schema.get(PIECE_ROWS_KEY) or 0) for p in parts}
+    if len(found) != 1:
+        raise DatasetError(f"the parts were written with different max_record_bytes (piece "
+                           f"sizes {sorted(found)} rows); pack parts of one layout together")
+    return found.pop()
+
+
+class _Documents(NamedTuple):
+    """The documents of a view: each one's tokens and (pieces only) first view record."""
+
+    lengths: np.ndarray
+    first_record: np.ndarray | None
+    piece_rows: int
+
+
+def _record_lengths(layout: _Layout, itemsize: int) -> np.ndarray:
+    """Tokens of every view record (uint32), from the record tables."""
+    out = []
+    if layout.indices is None:
+        for p in layout.parts:
+            out.append(p.store.lengths(np.arange(len(p), dtype=np.uint64)))
+        nbytes = np.concatenate(out) if len(out) > 1 else out[0]
+    else:
+        part, local = _locate(layout, layout.indices)
+        nbytes = np.empty(len(local), dtype=np.uint32)
+        for k in np.unique(part):
+            here = part == k
+            nbytes[here] = layout.parts[int(k)].store.lengths(local[here])
+    if itemsize > 1:
+        if (nbytes % itemsize).any():
+            bad = int(np.flatnonzero(nbytes % itemsize)[0])
+            raise DatasetError(f"record {bad} holds {int(nbytes[bad])} bytes, not a whole "
+                               f"number of {itemsize}-byte tokens")
+        nbytes //= itemsize
+    return nbytes
+
+
+def _locate(layout: _Layout, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each base record's part and index within it."""
+    if len(layout.parts) == 1:
+        return np.zeros(len(base), dtype=np.int64), base.astype(np.uint64, copy=False)
+    part = np.searchsorted(layout.part_starts, base, side="right") - 1
+    return part, (base - layout.part_starts[part].astype(np.uint64)).astype(np.uint64)
+
+
+def _documents(layout: _Layout, lengths: np.ndarray, piece_rows: int) -> _Documents:
+    """Records grouped into documents: a record of ``piece_rows`` tokens is continued by the
+    next one. Refuses a view that cuts a document (a subset holding some of its pieces)."""
+    if not piece_rows:
+        return _Documents(lengths, None, 0)
+    continued = lengths == piece_rows
+    n = len(lengths)
+    if n and continued[-1]:
+        raise DatasetError("the last record is a full piece, so its document goes on past the "
+                           "end of the data; a subset must hold every piece of its documents "
+                           "(or the store was changed by a delete)")
+    if layout.indices is not None or len(layout.parts) > 1:
+        base = (layout.indices if layout.indices is not None
+                else np.arange(n, dtype=np.uint64))
+        part, local = _locate(layout, base)
+        at = np.flatnonzero(continued)
+        broken = (part[at + 1] != part[at]) | (local[at + 1] != local[at] + 1)
+        if broken.any():
+            i = int(at[np.flatnonzero(broken)[0]])
+            raise DatasetError(f"record {i} of the view is a piece of a document whose next "
+                               f"piece is not the next record; select whole documents (every "
+                               "piece, in order) when making a subset of a corpus written "
+                               "with max_record_bytes=")
+        if layout.indices is not None:
+            _check_document_starts(layout, continued, part, local)
+    ends = np.flatnonzero(~continued)
+    first = np.empty(len(ends), dtype=np.int64)
+    first[0:1] = 0
+    first[1:] = ends[:-1] + 1
+    doc_lengths = (ends - first) * piece_rows + lengths[ends].astype(np.int64)
+    return _Documents(doc_lengths, first, piece_rows)
+
+
+def _check_document_starts(layout: _Layout, continued: np.ndarray, part: np.ndarray,
+                           local: np.ndarray) -> None:
+    """A subset's documents must start where the store's do: the record before each one's
+    first piece (if any) is not a full piece."""
+    starts = np.flatnonzero(np.concatenate([[True], ~continued[:-1]]))
+    inner = starts[local[starts] > 0]
+    for k in np.unique(part[inner]):
+        here = inner[part[inner] == k]
+        store = layout.parts[int(k)]
+        before = store.lengths(local[here] - np.uint64(1))
+        cut = before == _piece_rows([store])
+        if cut.any():
+            i = int(here[np.flatnonzero(cut)[0]])
+            raise DatasetError(f"record {i} of the view continues a document whose earlier "
+                               "pieces the view does not hold; select whole documents when "
+                               "making a subset of a corpus written with max_record_bytes=")
+
+
+def _token_id(value: Any, what: str, dtype: np.dtype) -> int:
+    if isinstance(value, (bool, np.bool_)):
+        raise LoaderxValueError(f"{what} must be an integer token, got {value!r}")
+    try:
+        token = operator.index(value)
+    except TypeError:
+        raise LoaderxValueError(f"{what} must be an integer token, got "
+                                f"{type(value).__name__} ({value!r})") from None
+    info = np.iinfo(dtype)
+    if not info.min <= token <= info.max:
+        raise LoaderxValueError(f"{what}={token} does not fit the documents' dtype {dtype} "
+                                f"([{info.min}, {info.max}])")
+    return token
+
+
+class _Cache(threading.local):
+    """The last batch's parts, per thread: the loader gathers a stream, then asks for its
+    companion arrays with the same indices."""
+
+    key: bytes = b""
+    parts: Parts | None = None
+
+
+class PackedDataset:
+    """Rows of ``seq_len`` tokens packed from token documents: a dense view (see the module
+    docs; made by :func:`pack`)."""
+
+    kind = "dense"
+
+    def __init__(self, docs: Any, seq_len: int, *, method: Method = "concat", seed: Any = 0,
+                 eos_id: int | None = None, pad_id: int = 0, truncate: bool = True) -> None:
+        if isinstance(seq_len, (bool, np.bool_)) or not isinstance(seq_len, (int, np.integer)):
+            raise LoaderxValueError(f"seq_len must be a positive int, got {seq_len!r}")
+        if seq_len <= 0:
+            raise LoaderxValueError(f"seq_len must be a positive int, got {seq_len}")
+        if method not in _METHODS:
+            raise LoaderxValueError(f"method must be one of {_METHODS}, got {method!r}")
+        if not isinstance(truncate, (bool, np.bool_)):
+            raise LoaderxValueError(f"truncate must be True or False, got {truncate!r}")
+        layout = _layout(docs)
+        self._docs = docs
+        self._layout = layout
+        self._dtype = np.dtype(layout.parts[0].dtype)
+        self._eos = None if eos_id is None else _token_id(eos_id, "eos_id", self._dtype)
+        self._pad = _token_id(pad_id, "pad_id", self._dtype)
+        self._seq_len = int(seq_len)
+        self._method: Method = method
+        self._seed = seed
+        self._truncate = bool(truncate)
+        self._record_bytes = self._seq_len * self._dtype.itemsize
+        piece_rows = _piece_rows(layout.parts)
+        documents = _documents(layout, _record_lengths(layout, self._dtype.itemsize),
+                               piece_rows)
+        self._documents = documents
+        key = normalize_seed(seed)
+        eos = self._eos is not None
+        self._plan: ConcatPlan | FirstFitPlan
+        if method == "concat":
+            self._plan = ConcatPlan(documents.lengths, self._seq_len, key, eos)
+        else:
+            plan = FirstFitPlan(documents.lengths, self._seq_len, key, eos)
+            if plan.truncated and not self._truncate:
+                raise LoaderxValueError(
+                    f"{plan.truncated} of {len(documents.lengths)} documents are longer than "
+                    f"seq_len={self._seq_len} (the longest: {plan.longest} tokens"
+                    f"{', its end token counted' if eos else ''}); pass truncate=True to "
+                    "cut them, or a larger seq_len")
+            self._plan = plan
+        self._cache = _Cache()
+        self._gather_parts = all(hasattr(p.store._native, "gather_parts")
+                                 for p in layout.parts)
+
+    # -- what the plan says --------------------------------------------------------------------
+
+    @property
+    def docs(self) -> Any:
+        """The documents' dataset."""
+        return self._docs
+
+    @property
+    def seq_len(self) -> int:
+        return self._seq_len
+
+    @property
+    def method(self) -> str:
+        return self._method
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._eos
+
+    @property
+    def pad_id(self) -> int:
+        return self._pad
+
+    @property
+    def documents(self) -> int:
+        """How many documents the view packs."""
+        return len(self._documents.lengths)
+
+    @property
+    def truncated(self) -> int:
+        """first_fit: documents cut to fit a row (0 for concat)."""
+        return self._plan.truncated if isinstance(self._plan, FirstFitPlan) else 0
+
+    @property
+    def dropped_tokens(self) -> int:
+        """concat: tokens of the stream's tail, shorter than a row, that no row holds."""
+        return self._plan.dropped_tokens if isinstance(self._plan, ConcatPlan) else 0
+
+    @property
+    def padding_tokens(self) -> int:
+        """first_fit: padding tokens over all rows (0 for concat)."""
+        return self._plan.padding_tokens if isinstance(self._plan, FirstFitPlan) else 0
+
+    @property
+    def plan_bytes(self) -> int:
+        """Memory the row plan and the document table keep."""
+        extra = 0 if self._documents.first_record is None else \
+            self._documents.first_record.nbytes + self._documents.lengths.nbytes
+        return self._plan.nbytes + extra
+
+    # -- the dense-source protocol (loaderx.source) --------------------------------------------
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def item_shape(self) -> tuple[int, ...]:
+        return (self._seq_len,)
+
+    @property
+    def record_bytes(self) -> int:
+        return self._record_bytes
+
+    def __len__(self) -> int:
+        return self._plan.rows
+
+    @property
+    def path(self) -> str:
+        return os.pathsep.join(p.path for p in self._layout.parts)
+
+    @property
+    def closed(self) -> bool:
+        return any(p.closed for p in self._layout.parts)
+
+    @property
+    def recently_cold(self) -> bool:
+        return any(p.recently_cold for p in self._layout.parts)
+
+    @property
+    def view_digest(self) -> str:
+        """A digest of what the rows are: the arguments, the plan's size and the documents'
+        view, so that a checkpoint of one packing is refused on another."""
+        base = getattr(self._docs, "view_digest", "")
+        text = repr((self._method, self._seq_len, normalize_seed(self._seed), self._eos,
+                     self._pad, self._truncate, self.documents, len(self), base))
+        return "pack-" + hashlib.sha1(text.encode()).hexdigest()[:16]
+
+    def gather_rows(self, idxs: npt.NDArray[np.uint64], dst: npt.NDArray[np.uint8],
+                    shards: int | None = None,
+                    rows: npt.NDArray[np.uint64] | None = None) -> None:
+        """Writes row ``idxs[i]`` into row ``i`` (or ``rows[i]``) of the uint8 buffer ``dst`` of
+        ``record_bytes``-byte rows (see :mod:`loaderx.source`)."""
+        if not len(idxs):
+            return
+        parts = self._parts(idxs)
+        slot = (np.arange(len(idxs), dtype=np.int64) if rows is None
+                else np.asarray(rows).astype(np.int64))
+        if dst.dtype != np.uint8 or dst.ndim != 1 or not dst.flags.c_contiguous \
+                or not dst.flags.writeable:
+            raise LoaderxValueError("dst must be a writable, C-contiguous 1-D uint8 array")
+        if len(slot) and (int(slot.max()) + 1) * self._record_bytes > len(dst):
+            raise LoaderxValueError(f"dst holds {len(dst)} bytes, too few for row "
+                                    f"{int(slot.max())} of {self._record_bytes} bytes")
+        tokens = dst[:len(dst) - len(dst) % self._dtype.itemsize].view(self._dtype)
+        s = self._seq_len
+        row_at = slot * s  # each batch row's first token in dst
+        if isinstance(self._plan, FirstFitPlan):
+            if rows is None:
+                tokens[:len(idxs) * s] = self._pad
+            else:
+                tokens.reshape(-1, s)[slot] = self._pad
+        self._read(parts, row_at, dst)
+        ends = parts.length > parts.content
+        if ends.any():  # end-of-document tokens
+            tokens[row_at[parts.row[ends]] + parts.dst[ends] + parts.content[ends]] = self._eos
+
+    def companions(self, name: str, idxs: npt.NDArray[np.uint64]) -> dict[str, np.ndarray]:
+        """``name_segment_ids`` and ``name_positions`` of rows ``idxs`` (see the module
+        docs)."""
+        seg, pos = self.segments(idxs)
+        return {f"{name}_segment_ids": seg, f"{name}_positions": pos}
+
+    def companion_names(self, name: str) -> tuple[str, ...]:
+        return (f"{name}_segment_ids", f"{name}_positions")
+
+    def segments(self, idxs: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Segment ids and positions of rows ``idxs``, two ``(len(idxs), seq_len)`` int32
+        arrays: 1, 2, ... for the documents of a row in row order (0: padding), and each
+        token's position inside its document."""
+        flat = self._row_indices(idxs)
+        parts = self._parts(flat)
+        s = self._seq_len
+        seg = np.zeros((len(flat), s), dtype=np.int32)
+        pos = np.zeros((len(flat), s), dtype=np.int32)
+        at = _ranges(parts.row * s + parts.dst, parts.length)
+        seg.reshape(-1)[at] = np.repeat(parts.segment, parts.length)
+        within = _ranges(parts.doc_pos, parts.length)
+        pos.reshape(-1)[at] = within
+        return seg, pos
+
+    def prefetch(self, idxs: Any) -> bool:
+        """Starts reading the records rows ``idxs`` need into the page cache, without
+        waiting."""
+        flat = np.asarray(idxs, dtype=np.uint64).reshape(-1)
+        flat = flat[flat < len(self)]
+        if not len(flat):
+            return False
+        records, *_ = self._record_parts(self._parts(flat))
+        return bool(self._docs.prefetch(np.unique(records).astype(np.uint64)))
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _row_indices(self, idxs: Any) -> np.ndarray:
+        if isinstance(idxs, np.ndarray) and idxs.dtype == np.uint64 and idxs.ndim == 1:
+            return idxs
+        return _indices(idxs, len(self)).reshape(-1)
+
+    def _parts(self, idxs: np.ndarray) -> Parts:
+        """The plan's parts of rows ``idxs``, checked, kept for the companion arrays."""
+        if len(idxs) and int(idxs.max()) >= len(self):
+            bad = int(idxs[idxs >= len(self)][0])
+            raise LoaderxIndexError(f"row {bad} is out of range for {len(self)} packed rows")
+        key = np.ascontiguousarray(idxs, dtype=np.uint64).tobytes()
+        cache = self._cache
+        if cache.parts is not None and cache.key == key:
+            return cache.parts
+        parts = self._plan.parts(idxs)
+        cache.key, cache.parts = key, parts
+        return parts
+
+    def _record_parts(self, parts: Parts) -> tuple[np.ndarray, ...]:
+        """The document tokens of ``parts`` as byte-free record ranges: (view record, first
+        token in it, tokens, owning part)."""
+        has = parts.content > 0
+        idx = np.flatnonzero(has)
+        doc, start, count = parts.doc[idx], parts.doc_pos[idx], parts.content[idx]
+        p = self._documents.piece_rows
+        if not p:
+            return doc, start, count, idx, np.zeros(len(idx), dtype=np.int64)
+        first_piece = start // p
+        pieces = (start + count - 1) // p - first_piece + 1
+        owner = np.repeat(np.arange(len(idx)), pieces)
+        piece = _ranges(first_piece, pieces)
+        lo = np.maximum(piece * p, start[owner])
+        hi = np.minimum((piece + 1) * p, (start + count)[owner])
+        assert self._documents.first_record is not None
+        record = self._documents.first_record[doc[owner]] + piece
+        return record, lo - piece * p, hi - lo, idx[owner], lo - start[owner]
+
+    def _read(self, parts: Parts, row_at: np.ndarray, dst: np.ndarray) -> None:
+        """Copies the document tokens of ``parts`` into ``dst``."""
+        record, first, count, owner, skip = self._record_parts(parts)
+        if not len(record):
+            return
+        at = row_at[parts.row[owner]] + parts.dst[owner] + skip  # destination token
+        layout = self._layout
+        base = (record.astype(np.uint64) if layout.indices is None
+                else layout.indices[record])
+        part, local = _locate(layout, base)
+        size = self._dtype.itemsize
+        for k in (np.unique(part) if len(layout.parts) > 1 else (0,)):
+            here = slice(None) if len(layout.parts) == 1 else np.flatnonzero(part == k)
+            store = layout.parts[int(k)].store
+            if self._gather_parts:
+                store._native.gather_parts(
+                    np.ascontiguousarray(local[here], dtype=np.uint64),
+                    (first[here] * size).astype(np.uint64),
+                    (count[here] * size).astype(np.uint64), dst,
+                    (at[here] * size).astype(np.uint64))
+            else:
+                _copy_parts(store, local[here], first[here], count[here], at[here], dst,
+                            self._dtype)
+
+    # -- what the datasets share ---------------------------------------------------------------
+
+    def __getitem__(self, idx: Any) -> Any:
+        """``view[j]``: row ``j`` (``seq_len`` tokens); a slice, list, array or mask: an array
+        of rows."""
+        one = _one_index(idx, len(self))
+        if one is not None:
+            return self.gather(np.array([one], dtype=np.uint64))[0]
+        flat = _indices(idx, len(self))
+        return self.gather(flat.reshape(-1)).reshape(flat.shape + self.item_shape)
+
+    def __getitems__(self, idxs: Sequence[int]) -> np.ndarray:
+        return self.gather(_indices(idxs, len(self)).reshape(-1))
+
+    def gather(self, idxs: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``idxs`` as one ``(len(idxs), seq_len)`` array (into ``out`` when given)."""
+        return _dense_gather(self, idxs, out)
+
+    def subset(self, indices: Any) -> Any:
+        """Rows ``indices`` as a :class:`~loaderx.subset.Subset` (its batches keep the segment
+        ids and positions)."""
+        from loaderx.subset import Subset
+
+        return Subset(self, indices)
+
+    def close(self) -> None:
+        for p in self._layout.parts:
+            p.close()
+
+    def __enter__(self) -> PackedDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_repack, (self._docs, self._seq_len, self._method, self._seed, self._eos,
+                          self._pad, self._truncate))
+
+    def __repr__(self) -> str:
+        what = (f"dropped_tokens={self.dropped_tokens}" if self._method == "concat"
+                else f"padding_tokens={self.padding_tokens}, truncated={self.truncated}")
+        return (f"PackedDataset({self.documents} documents -> {len(self)} rows of "
+                f"{self._seq_len} {self._dtype} tokens, method={self._method!r}, {what})")
+
+
+def _repack(docs: Any, seq_len: int, method: Method, seed: Any, eos_id: int | None,
+            pad_id: int, truncate: bool) -> PackedDataset:
+    return PackedDataset(docs, seq_len, method=method, seed=seed, eos_id=eos_id,
+                         pad_id=pad_id, truncate=truncate)
+
+
+def _copy_parts(store: Any, local: np.ndarray, first: np.ndarray, count: np.ndarray,
+                at: np.ndarray, dst: np.ndarray, dtype: np.dtype) -> None:
+    """Without ``gather_parts``: every record the parts name read whole once (one gather),
+    then the parts copied out of it."""
+    size = dtype.itemsize
+    uniq, which = np.unique(local, return_inverse=True)
+    nbytes = store.lengths(uniq).astype(np.uint64)
+    offsets = np.zeros(len(uniq), dtype=np.uint64)
+    np.cumsum(nbytes[:-1], out=offsets[1:])
+    scratch = aligned_empty(int(nbytes.sum()))
+    store.gather(uniq, scratch, offsets)
+    src = scratch.view(dtype)
+    out = dst[:len(dst) - len(dst) % size].view(dtype)
+    from_at = (offsets // np.uint64(size)).astype(np.int64)[which] + first
+    out[_ranges(at, count)] = src[_ranges(from_at, count)]
+
