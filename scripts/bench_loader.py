@@ -17,6 +17,22 @@ Workload: 20000 records of 12 KiB (the store benchmark's data) plus int64 labels
 * grain -- ``grain.python.DataLoader`` over the same arrays, 4 worker processes;
 * augment -- a CPU-heavy Python transform (a per-sample Python loop) on loaderx and torch.
 
+A second table, ragged JPEG stream (issue 20): 1536 JPEG-encoded images of 96..191 pixels a
+side (smooth gradients plus noise, quality 90, about 5-20 KiB each) stored one record per image
+with ``from_iterator`` (raw codec: JPEG is compressed already), batch 64, the same worker count
+on both sides, and the same decode: Pillow ``Image.open(...).convert("RGB")``, a centre crop to
+96 x 96 and a stack into one ``(64, 96, 96, 3)`` uint8 batch. Rows:
+
+* loaderx, JPEG decode -- ``DataLoader({"jpeg": RaggedDataset})`` with the decode as its
+  transform, on the loader's worker threads (Pillow releases the GIL while it decodes);
+* torch, JPEG decode -- ``torch.utils.data.DataLoader`` over the same ``RaggedDataset`` as a
+  map-style dataset (``ds[i]`` then the same decode per sample, default collate stacking the
+  crops), worker processes, ``persistent_workers=True``, shuffled;
+* loaderx, JPEG bytes only -- the loader without a transform (the list of record views): what
+  the ragged read costs next to the decode.
+
+``python scripts/bench_loader.py --jpeg [--repeats N] [--workers W]`` runs this table alone.
+
 Every figure is the median of several runs; each run times a fixed number of batches after a
 warm-up (which also starts worker processes). RssAnon growth over a long loaderx run is reported
 against the size of the prefetch buffers.
@@ -245,6 +261,145 @@ def grain_run(root: pathlib.Path, batches: int):
     return time_iter(iter(loader), batches, warm=5)
 
 
+# -- ragged JPEG stream ---------------------------------------------------------------------------
+
+JPEG_N, JPEG_BATCH, CROP = 1536, 64, 96
+
+
+def make_jpegs(path: pathlib.Path, n: int = JPEG_N) -> int:
+    """Writes ``n`` JPEG-encoded images as a ragged uint8 store; returns their total bytes."""
+    import io
+
+    from PIL import Image
+
+    from loaderx.converter import from_iterator
+
+    rng = np.random.default_rng(20)
+    encoded = []
+    for _ in range(n):
+        h, w = (int(x) for x in rng.integers(CROP, 2 * CROP, size=2))
+        y, x = np.mgrid[0:h, 0:w]
+        base = np.stack([x * 255 // w, y * 255 // h, (x + y) * 127 // (h + w)], axis=-1)
+        pixels = np.clip(base + rng.normal(0, 12, size=(h, w, 3)), 0, 255).astype(np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(pixels).save(out, format="JPEG", quality=90)
+        encoded.append(out.getvalue())
+    from_iterator(path, encoded, codec="raw", progress=False)
+    return sum(len(e) for e in encoded)
+
+
+def decode_crop(record: np.ndarray) -> np.ndarray:
+    """One JPEG record to a centre-cropped (CROP, CROP, 3) uint8 image (both loaders use it)."""
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(record)) as img:
+        pixels = np.asarray(img.convert("RGB"))
+    h, w = pixels.shape[:2]
+    top, left = (h - CROP) // 2, (w - CROP) // 2
+    return pixels[top:top + CROP, left:left + CROP].copy()  # writable, as a tensor wants
+
+
+def decode_batch(batch):
+    """loaderx's transform: the batch's list of JPEG records, decoded and stacked."""
+    return np.stack([decode_crop(r) for r in batch["jpeg"]])
+
+
+def loaderx_jpeg_run(path: pathlib.Path, batches: int, workers: int, decode=True):
+    from loaderx.dataloader import DataLoader
+    from loaderx.dataset import RaggedDataset
+
+    ds = RaggedDataset(path)
+    kw = {"transform": decode_batch} if decode else {}
+    with DataLoader({"jpeg": ds}, batch_size=JPEG_BATCH, num_workers=workers, **kw) as loader:
+        elapsed = time_iter(loader, batches, warm=5)
+    ds.close()
+    return elapsed
+
+
+class JpegItems:
+    """torch's map-style dataset over the same ragged store: one record, decoded, per item."""
+
+    def __init__(self, path: str):
+        from loaderx.dataset import RaggedDataset
+
+        self.ds = RaggedDataset(path)  # pickles by path: each worker reopens the store
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        return decode_crop(self.ds[i])
+
+
+def torch_jpeg_run(path: pathlib.Path, batches: int, workers: int):
+    import torch
+    from torch.utils.data import DataLoader
+
+    torch.set_num_threads(1)
+    loader = DataLoader(JpegItems(str(path)), batch_size=JPEG_BATCH, shuffle=True,
+                        num_workers=workers, persistent_workers=workers > 0)
+
+    def endless(loader):
+        while True:
+            yield from loader
+
+    try:
+        return time_iter(endless(loader), batches, warm=5)
+    finally:
+        del loader
+
+
+def jpeg_main(repeats: int = 5, workers: int = WORKERS, batches: int = 60) -> None:
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        print("\n## Ragged JPEG stream: Pillow not installed")
+        return
+    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-jpeg-"))
+    try:
+        total = make_jpegs(root / "jpeg")
+        results: dict[str, float] = {}
+        runs = {"loaderx, JPEG decode": lambda: loaderx_jpeg_run(root / "jpeg", batches,
+                                                                 workers),
+                "loaderx, JPEG bytes only": lambda: loaderx_jpeg_run(root / "jpeg", batches,
+                                                                     workers, decode=False)}
+        try:
+            import torch  # noqa: F401
+
+            runs["torch, JPEG decode"] = lambda: torch_jpeg_run(root / "jpeg", batches, workers)
+        except ImportError:
+            pass
+        # Interleaved: each repeat runs every row once, so a load change hits all of them.
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(repeats):
+            for name, fn in runs.items():
+                times[name].append(fn())
+        results = {name: statistics.median(t) / batches for name, t in times.items()}
+        ref = results.get("torch, JPEG decode")
+        print(f"\n## Ragged JPEG stream -- {JPEG_N} JPEGs ({total / JPEG_N / 1024:.1f} KiB "
+              f"average), Pillow decode + {CROP}x{CROP} crop + stack, batch {JPEG_BATCH}, "
+              f"{workers} workers on both sides, medians of {repeats} x {batches} batches\n")
+        print("| loader | batches/s | ms/batch | images/s | vs torch |")
+        print("|---|---|---|---|---|")
+        for name, per in results.items():
+            vs = f"{ref / per:.2f}x" if ref else "-"
+            print(f"| {name} | {1 / per:,.1f} | {per * 1e3:.2f} | {JPEG_BATCH / per:,.0f} "
+                  f"| {vs} |")
+        if ref:
+            # Also per repeat: both rows ran back to back, so their ratio is less exposed to
+            # load from elsewhere than the ratio of the medians.
+            pairs = sorted(t / m for m, t in zip(times["loaderx, JPEG decode"],
+                                                 times["torch, JPEG decode"], strict=True))
+            print(f"\nloaderx / torch with the same decode: "
+                  f"{ref / results['loaderx, JPEG decode']:.2f}x (ratio of medians); per "
+                  f"repeat {statistics.median(pairs):.2f}x median, "
+                  f"{pairs[0]:.2f}..{pairs[-1]:.2f}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 # -- the table -----------------------------------------------------------------------------------
 
 
@@ -370,10 +525,21 @@ def main(repeats: int = 5) -> None:
               f"(window + 2 batches) are {buffers / 1024:.1f} MiB")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    jpeg_main(min(repeats, 5))
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--anon"]:
         print(*anon_growth(pathlib.Path(sys.argv[2]), 5000))
+    elif sys.argv[1:2] == ["--jpeg"]:
+        import argparse
+
+        options = argparse.ArgumentParser()
+        options.add_argument("--jpeg", action="store_true")
+        options.add_argument("--repeats", type=int, default=5)
+        options.add_argument("--workers", type=int, default=WORKERS)
+        options.add_argument("--batches", type=int, default=60)
+        args = options.parse_args()
+        jpeg_main(args.repeats, args.workers, args.batches)
     else:
         main()

@@ -562,3 +562,45 @@ def test_a_jpeg_stream_resumes_in_a_new_process_with_the_same_pixels(jpegs):
     for images, want in zip(got, steps, strict=True):
         for image, i in zip(images, want, strict=True):
             np.testing.assert_array_equal(image, by_hand[i])
+
+
+def test_a_subset_of_a_stream_with_companions_keeps_them(store):
+    from loaderx import Subset
+
+    picked = np.array([29, 3, 17, 8, 0, 11], dtype=np.uint64)
+    sub = Subset(CompanionSource(VALUES), picked)
+    assert sub.companion_names("v") == ("v_idx", "v_twice")
+    with DataLoader({"v": sub}, batch_size=3, seed=0) as loader:
+        for step in range(4):
+            batch = next(loader)
+            mapped = picked[loader.batch_indices(step).astype(np.int64)]
+            np.testing.assert_array_equal(batch["v_idx"], mapped)  # the base's record indices
+            check_companions(batch)
+    with pytest.raises(LoaderxValueError, match="also a stream's name"):
+        DataLoader({"v": sub, "v_twice": Subset(CompanionSource(VALUES), picked)})
+    assert not hasattr(DenseDataset(store / "y").subset(picked), "companions")
+
+
+def test_the_growing_pool_settles_and_never_hands_out_what_is_seen():
+    from loaderx._recycle import GrowingPool
+
+    pool = GrowingPool(keep=3)
+    held = [pool.take(n) for n in (100, 5000, 20000)]  # growing requests, growing buffers
+    assert pool.allocated == 3 and pool.capacity >= 20000 * 5 // 4
+    for a in held:
+        a[:] = 1
+    views = [a[10:20] for a in held]
+    del held
+    gc.collect()  # the views keep every lease: nothing is free yet
+    fresh = pool.take(50)
+    assert pool.allocated == 4 and not any(np.shares_memory(fresh, v) for v in views)
+    del views, fresh
+    gc.collect()  # now 4 come back: the 2 below the capacity are dropped, 2 of it kept
+    sizes = [len(pool.take(n)) for n in (30000, 10, 25000)]
+    assert sizes == [30000, 10, 25000]
+    assert pool.allocated == 5  # one bigger buffer, reused for the two requests after it
+    for _ in range(50):  # steady state: a varying batch size allocates nothing more
+        before = pool.allocated
+        for n in (20000, 3000, 24000):
+            pool.take(n)
+        assert pool.allocated == before

@@ -3,7 +3,10 @@
 ``DataLoader(streams, batch_size=256, num_workers=4, prefetch_size=4, mode="cyclic", seed=42,
 transform=identity, start_step=0)`` yields, forever, one batch per step: a dict
 ``{name: (batch_size, *item_shape) array}`` with every stream gathered at the same record
-indices. Batch ``k`` is a pure function of ``(seed, mode, batch_size, dataset length, k)``, so
+indices -- for a ragged stream (a :class:`~loaderx.dataset.RaggedDataset`, or a ragged subset
+or concatenation) a list of ``batch_size`` arrays of shape ``(n_i, *item_shape)``, one per
+record, for the transform to decode, crop or pad. Batch ``k`` is a pure function of ``(seed,
+mode, batch_size, dataset length, k)``, so
 
 * batches come out in step order whatever ``num_workers`` is, and the same seed gives the same
   batches;
@@ -94,7 +97,13 @@ new step.
 Memory: the arrays of a batch come from a pool of buffers that are reused once the consumer
 has dropped every reference to them (see ``loaderx._recycle``); steady state allocates nothing
 and touches no fresh pages. Keeping a batch (or a view of it) simply keeps its buffer out of
-the pool.
+the pool. A ragged stream's batch is read the same way: the records' lengths from the record
+table (one call), then one native gather of them all, back to back, into one buffer leased
+from a pool of growing buffers, each record a view of it -- so keeping one record keeps its
+batch's buffer, and the buffer returns once no record of the batch is seen any more.
+
+Streams may also add arrays of their own to each batch (``companions``, see
+:mod:`loaderx.source`), as a packed token stream adds its segment ids and positions.
 """
 
 from __future__ import annotations
@@ -175,13 +184,15 @@ def _state_int(value: Any, key: str) -> int:
 
 
 class DataLoader:
-    """Endless batches from one or more dense streams; see the module documentation.
+    """Endless batches from one or more streams; see the module documentation.
 
     Parameters:
 
-    * ``streams`` -- ``{name: dataset}``: :class:`~loaderx.dataset.DenseDataset` objects, or
-      dense :class:`~loaderx.concat.ConcatDataset` / :class:`~loaderx.subset.Subset` views, all
-      of one length; every batch gathers each stream at the same indices.
+    * ``streams`` -- ``{name: dataset}``: :class:`~loaderx.dataset.DenseDataset` or
+      :class:`~loaderx.dataset.RaggedDataset` objects, or
+      :class:`~loaderx.concat.ConcatDataset` / :class:`~loaderx.subset.Subset` views of them
+      (or anything implementing :mod:`loaderx.source`), all of one length; every batch gathers
+      each stream at the same indices (a ragged stream as a list of arrays).
     * ``batch_size`` -- records per batch (the global batch when sharded).
     * ``num_workers`` -- prefetch threads; ``0`` builds each batch on the consumer's thread.
     * ``prefetch_size`` -- finished batches kept ready ahead of the consumer.

@@ -4,7 +4,9 @@
 every record is one ``item_shape`` array, and any batch of records is gathered at a fixed
 stride straight into one ``(n, *item_shape)`` array. :class:`RaggedDataset` reads a ragged
 store (written by :func:`loaderx.converter.from_iterator`) into a list of arrays, and
-:func:`pad` turns such a list into one dense batch.
+:func:`pad` turns such a list into one dense batch. Both are
+:class:`~loaderx.dataloader.DataLoader` streams (a ragged one gives each batch as a list of
+arrays, for the transform to decode or pad).
 
 >>> import numpy as np, tempfile, os
 >>> from loaderx.converter import from_numpy, from_iterator
