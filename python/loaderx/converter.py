@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import sys
 import time
@@ -51,6 +52,7 @@ from loaderx.errors import (
     LimitExceededError,
     LoaderxTypeError,
     LoaderxValueError,
+    TokenArrayWarning,
 )
 from loaderx.zrecord import MAX_RECORD_BYTES, MAX_RECORDS, Codec, Zrecord
 from loaderx.zrecord import _codec as _store_codec
@@ -102,6 +104,8 @@ def from_numpy(
         raise DatasetError("from_numpy needs an array with at least one dimension (records "
                            "are its slices along axis 0)")
     dtype = _schema.check_dtype(arr.dtype, "from_numpy")
+    if arr.ndim == 1 and dtype.kind in "iu":
+        _check_token_array(path, arr)
     wanted = _schema.Schema("dense", dtype, tuple(int(d) for d in arr.shape[1:]),
                             _codec(codec), _extra(schema, "dense", dtype, arr.shape[1:]))
     wanted.to_bytes()  # an unencodable or oversized schema= fails before any store is touched
@@ -125,6 +129,30 @@ def from_numpy(
         return conv.finish()
 
 
+#: From this many elements on, a 1-D uint16/uint32 array passed to from_numpy is warned about as
+#: a likely token stream (TokenArrayWarning).
+_TOKEN_WARNING_ELEMENTS = 1 << 22
+
+
+def _check_token_array(path: Any, arr: np.ndarray) -> None:
+    """A 1-D integer array is one record per element. Past the record limit that is refused,
+    naming what a token stream should be written with; a long one of a token dtype (16 or 32
+    bits unsigned: labels are usually NumPy's default int64) is warned about."""
+    n = int(arr.shape[0])
+    hint = ("; a token stream belongs in from_iterator(path, documents, codec='raw') -- one "
+            "record per document, max_record_bytes= for long ones -- read with loaderx.pack(), "
+            "or in fixed rows: from_numpy(path, tokens[:n // L * L].reshape(-1, L))")
+    if n > MAX_RECORDS:
+        raise LimitExceededError(f"from_numpy writes one record per element of a 1-D array: "
+                                 f"{n} records, over the limit of {MAX_RECORDS}{hint}")
+    if n >= _TOKEN_WARNING_ELEMENTS and arr.dtype in (np.uint16, np.uint32):
+        warnings.warn(f"{os.fspath(path)}: from_numpy writes one record per element of a 1-D "
+                      f"array ({n} records of {arr.dtype.itemsize} bytes, slow to write and "
+                      f"several times the bytes on disk){hint}. If these are per-sample values "
+                      "(labels), filter loaderx.errors.TokenArrayWarning", TokenArrayWarning,
+                      stacklevel=3)
+
+
 def from_iterator(
     path: str | os.PathLike[str],
     source: Iterable[Any],
@@ -137,6 +165,7 @@ def from_iterator(
     append: bool | None = None,
     progress: bool | None = None,
     checksums: bool = False,
+    max_record_bytes: int | None = None,
 ) -> int:
     """Writes every item of ``source`` as one record of a ragged dataset at ``path`` and returns
     the dataset's length.
@@ -147,6 +176,14 @@ def from_iterator(
     ``codec="zstd_dict"`` the dictionary is trained on the first chunk before anything is
     written. ``schema``, ``overwrite``, ``append``, ``progress`` and ``checksums`` are as in
     :func:`from_numpy`; an existing ragged dataset at ``path`` is appended to.
+
+    ``max_record_bytes=N`` writes each item as pieces of at most ``N`` bytes -- the layout
+    :func:`loaderx.pack` reads best (a row decodes a piece, not a whole long document, and
+    documents may exceed the 1 MiB record limit): records of exactly ``N // row_bytes`` rows
+    are continued by the next record, an item ends at its first shorter record (an empty one
+    when its length is a multiple), and the schema keeps that size as ``piece_rows``, so
+    appends continue the layout (given again, ``N`` must agree). The returned length and
+    ``len()`` of the dataset count pieces.
     """
     codec = _codec(codec)
     limit = _positive(chunk_bytes, "chunk_bytes")
@@ -162,14 +199,18 @@ def from_iterator(
     rec = _ragged_record(first, 0)
     dtype = existing.dtype if existing is not None else rec.dtype
     trail = existing.item_shape if existing is not None else rec.shape[1:]
-    wanted = _schema.Schema("ragged", dtype, tuple(trail), codec,
-                            _extra(schema, "ragged", dtype, trail))
+    extra = _extra(schema, "ragged", dtype, trail)
+    piece = _piece_rows(path, existing, extra, max_record_bytes,
+                        math.prod(trail) * dtype.itemsize)
+    if piece:
+        extra[_PIECE_ROWS] = piece
+    wanted = _schema.Schema("ragged", dtype, tuple(trail), codec, extra)
     wanted.to_bytes()  # an unencodable or oversized schema= fails before any store is touched
-    _check_record(rec, wanted, 0)
+    _check_record(rec, wanted, 0, piece)
     total = len(source) if isinstance(source, Sized) else None
     with _Conversion(path, wanted, existing, overwrite, append, None, checksums) as conv:
         with _progress(progress, total, str(path)) as bar:
-            pending: list[np.ndarray] = [rec]
+            pending: list[np.ndarray] = _pieces(rec, piece)
             size = rec.nbytes
             count = 1
             trained = codec != "zstd_dict"
@@ -183,8 +224,8 @@ def from_iterator(
                     bar.update(len(pending))
                     pending, size = [], 0
                 rec = _ragged_record(item, count)
-                _check_record(rec, wanted, count)
-                pending.append(rec)
+                _check_record(rec, wanted, count, piece)
+                pending.extend(_pieces(rec, piece))
                 size += rec.nbytes
                 count += 1
             if not trained:
@@ -484,15 +525,68 @@ def _ragged_record(item: Any, i: int) -> np.ndarray:
     return arr
 
 
-def _check_record(rec: np.ndarray, wanted: _schema.Schema, i: int) -> None:
+def _check_record(rec: np.ndarray, wanted: _schema.Schema, i: int, piece: int = 0) -> None:
     if rec.dtype != wanted.dtype or tuple(rec.shape[1:]) != wanted.item_shape:
         raise DatasetError(
             f"record {i} is {rec.dtype.str}{rec.shape}, but records of this dataset are "
             f"{wanted.dtype.str}(n, {', '.join(map(str, wanted.item_shape))})".replace(", )", ")"))
-    if rec.nbytes > MAX_RECORD_BYTES:
+    if not piece and rec.nbytes > MAX_RECORD_BYTES:
         raise LimitExceededError(f"record {i} (counting from 0 in the order the iterator gave "
                                  f"them) is {rec.nbytes} bytes, over the {MAX_RECORD_BYTES}-byte "
-                                 "limit; split it, or store it in several records")
+                                 "limit; split it, store it in several records, or pass "
+                                 "max_record_bytes= to write every item in pieces "
+                                 "(loaderx.pack reads them back as one document)")
+
+
+#: The schema key of a dataset written in pieces (loaderx.packing.PIECE_ROWS_KEY).
+_PIECE_ROWS = "piece_rows"
+
+
+def _piece_rows(path: Any, existing: _schema.Schema | None, extra: dict[str, Any],
+                max_record_bytes: Any, row_bytes: int) -> int:
+    """Rows per piece for ``max_record_bytes`` (0: items are written whole), agreeing with the
+    dataset appended to and with ``schema=``."""
+    had = 0 if existing is None else int(existing.extra.get(_PIECE_ROWS) or 0)
+    given = extra.pop(_PIECE_ROWS, None)
+    if max_record_bytes is None:
+        piece = had
+    else:
+        limit = _positive(max_record_bytes, "max_record_bytes")
+        if limit > MAX_RECORD_BYTES:
+            raise LimitExceededError(f"max_record_bytes={limit} is over the "
+                                     f"{MAX_RECORD_BYTES}-byte record limit")
+        if row_bytes == 0 or limit < row_bytes:
+            raise LoaderxValueError(f"max_record_bytes={limit} holds no whole {row_bytes}-byte "
+                                    "row of a record")
+        piece = limit // row_bytes
+        if had and piece != had:
+            raise DatasetError(f"{os.fspath(path)} was written in pieces of {had} rows; "
+                               f"max_record_bytes={limit} makes pieces of {piece} (pass "
+                               f"{had * row_bytes}, or leave it out to continue the layout)")
+        if existing is not None and not had:
+            _check_whole_records(path, piece, row_bytes)
+    if given is not None and given != piece:
+        raise DatasetError(f"schema[{_PIECE_ROWS!r}] = {given!r} is written by "
+                           "max_record_bytes= (the rows per piece); leave it out of schema=")
+    return piece
+
+
+def _check_whole_records(path: Any, piece: int, row_bytes: int) -> None:
+    """Appending in pieces to a dataset of whole items: none of them may look continued."""
+    with Zrecord(path) as z:
+        rows = z.lengths(np.arange(len(z), dtype=np.uint64)) // row_bytes
+    if (rows >= piece).any():
+        raise DatasetError(f"{os.fspath(path)} holds whole records of {piece} rows or more; "
+                           "appended in pieces they would read as one document with the next "
+                           "record. Convert into a new path (or overwrite=True)")
+
+
+def _pieces(rec: np.ndarray, piece: int) -> list[np.ndarray]:
+    """``rec`` as records: itself, or pieces of ``piece`` rows, the last one shorter (empty
+    when ``piece`` divides its length) so that a reader knows where the item ends."""
+    if not piece:
+        return [rec]
+    return [rec[a:a + piece] for a in range(0, len(rec) + 1, piece)]
 
 
 def _dense_sample(arr: np.ndarray, row_bytes: int) -> np.ndarray:

@@ -129,3 +129,11 @@ class AppendWarning(UserWarning):  # a warning, not an error: kept out of __all_
     """A conversion appended to a dataset that already existed at its path although the call
     did not ask to append (``append=True``); ``overwrite=True`` replaces the dataset instead.
     Emitted once per path and process."""
+
+
+class TokenArrayWarning(UserWarning):  # a warning, not an error, like AppendWarning
+    """``from_numpy`` was given a long 1-D array of 16- or 32-bit integers, which it writes as
+    one record per element: the usual shape of a token stream, which belongs in
+    ``from_iterator`` (one record per document) and :func:`loaderx.pack`. Filter it
+    (``warnings.filterwarnings("ignore", category=TokenArrayWarning)``) when the array really
+    is one value per sample."""
