@@ -51,8 +51,8 @@ the target (rolled forward), then the old is removed; S3 (no ``ready``, the targ
 the old is removed. An ``old`` with neither ``ready`` nor target (someone removed the new one)
 is renamed back. So with the exchange the target holds the old or the new directory, complete,
 at every moment and after a power cut; without it, the same holds except in S2, where the
-target is missing until the next :func:`remove_stale` (every conversion and copy runs it first)
-rolls the new one forward.
+target is missing until the next :func:`remove_stale` (every conversion and copy runs it first,
+and opening a dataset whose path is missing does too) rolls the new one forward.
 
 Mount points: an empty directory that is a mount point cannot be renamed onto (``EBUSY``), so
 the new entry is built in a private directory *inside* it and :func:`move_in` moves the files
@@ -63,7 +63,7 @@ directory a store, so a half-moved dataset never opens as one. A kill in between
 forward).
 
 Leftovers of earlier loaderx versions (``<name>.loaderx-new-<pid>[.old]``,
-``<name>.copying-<pid>``) are recognised by a dead process id and removed; an interrupted
+``<name>.copying-<pid>``, ``<name>.unpacking-<pid>``, ``<name>.packing-<pid>``) are recognised by a dead process id and removed; an interrupted
 replacement of theirs (the target missing, ``.old`` present) is rolled back.
 
 For the crash tests, :data:`_hook` (a callable, or None) is called with the name of each step
