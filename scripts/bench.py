@@ -24,6 +24,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 LAYERS = {"sampler": "bench_sampler", "store": "bench_store", "loader": "bench_loader"}
 # The cold rows of a layer: bench_cold's function that prints them.
 COLD = {"store": "main", "loader": "loader_main"}
+# More rows of a layer, from modules of their own (main(repeats=...) prints them).
+MORE = {"loader": ("bench_packing",)}
 
 
 def machine_block() -> str:
@@ -86,6 +88,8 @@ def main() -> None:
             continue
         kwargs = {} if args.repeats is None else {"repeats": args.repeats}
         mod.main(**kwargs)
+        for more in MORE.get(layer, ()):
+            importlib.import_module(more).main(**kwargs)
         # Store and loader also run cold: nothing cached (bench_cold.py).
         if layer in COLD and not args.warm_only:
             getattr(importlib.import_module("bench_cold"), COLD[layer])(

@@ -520,6 +520,7 @@ def test_reading_parts_without_the_engines_gather_parts(tmp_path, monkeypatch):
     for method in METHODS:
         native = pack(docs, 16, method=method, eos_id=EOS, pad_id=PAD)
         fallback = pack(docs, 16, method=method, eos_id=EOS, pad_id=PAD)
+        assert native._gather_parts == hasattr(loaderx._native.Zrecord, "gather_parts")
         fallback._gather_parts = False
         assert np.array_equal(native[:], fallback[:])
 

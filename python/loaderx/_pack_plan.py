@@ -41,18 +41,20 @@ class Parts(NamedTuple):
 
     ``row``: the batch row (index into the rows asked for); ``doc``: the document;
     ``doc_pos``: the position in the document of the part's first token; ``length``: tokens in
-    the part (the end-of-document token included when the part ends with it); ``dst``: the
-    position in the row of the part's first token; ``segment``: 1, 2, ... for the documents of
-    a row in row order. ``content``: of ``length``, how many tokens are the document's own
-    (the rest, 0 or 1, is the end-of-document token)."""
+    the part (the end-of-document token included when the part ends with it); ``flat``: the
+    position of the part's first token in the batch's tokens, rows back to back; ``segment``:
+    1, 2, ... for the documents of a row in row order (int32); ``content``: of ``length``, how
+    many tokens are the document's own (the rest, 0 or 1, is the end-of-document token);
+    ``covered``: whether the parts tile the rows (no padding), back to back."""
 
     row: np.ndarray
     doc: np.ndarray
     doc_pos: np.ndarray
     length: np.ndarray
-    dst: np.ndarray
+    flat: np.ndarray
     segment: np.ndarray
     content: np.ndarray
+    covered: bool
 
 
 def _index_dtype(n: int) -> type[np.unsignedinteger]:
@@ -101,6 +103,9 @@ class ConcatPlan:
             ends = self.starts[lo + 1:hi + 1]
             np.cumsum(lengths[self.order[lo:hi]], out=ends, dtype=np.int64)
             ends += self.starts[lo] + (np.arange(1, hi - lo + 1) if self.eos else 0)
+        self.ends = self.starts[1:]
+        #: Whether some document takes no token (then some parts are empty, and dropped).
+        self.has_empty = not self.eos and bool(n) and int(lengths.min()) == 0
         self.total_tokens = int(self.starts[-1])
         self.rows = self.total_tokens // seq_len
         #: Tokens of the stream's tail, shorter than a row, that no row holds.
@@ -112,27 +117,46 @@ class ConcatPlan:
         return self.order.nbytes + self.starts.nbytes
 
     def parts(self, rows: np.ndarray) -> Parts:
+        """The parts of ``rows`` (uint64 row indices, each below :attr:`rows`). Written for
+        batches of a few dozen rows, whose cost is the number of NumPy calls: kept small."""
         s = self.seq_len
-        lo = rows.astype(np.int64) * s
+        starts = self.starts
+        lo = rows.astype(np.int64)
+        lo *= s
         hi = lo + s
-        first = np.searchsorted(self.starts, lo, side="right") - 1
-        stop = np.searchsorted(self.starts, hi, side="left")
-        counts = stop - first
-        k = _ranges(first, counts)
-        row = np.repeat(np.arange(len(rows), dtype=np.int64), counts)
-        begin, end = self.starts[k], self.starts[k + 1]
-        part_lo = np.maximum(begin, lo[row])
-        part_hi = np.minimum(end, hi[row])
-        keep = part_hi > part_lo  # empty documents hold no token of any row
-        if not keep.all():
-            k, row, begin, end = k[keep], row[keep], begin[keep], end[keep]
-            part_lo, part_hi = part_lo[keep], part_hi[keep]
-        doc_pos = part_lo - begin
-        length = part_hi - part_lo
-        own = end - begin - self.eos  # the document's own tokens
-        content = np.minimum(length, np.maximum(own - doc_pos, 0))
-        return Parts(row, self.order[k].astype(np.int64), doc_pos, length, part_lo - lo[row],
-                     _segments(row), content)
+        first = starts.searchsorted(lo, "right")
+        first -= 1
+        counts = starts.searchsorted(hi, "left")
+        counts -= first
+        ends = counts.cumsum()
+        total = int(ends[-1]) if len(ends) else 0
+        local = np.arange(total, dtype=np.int64)
+        local -= (ends - counts).repeat(counts)  # 0, 1, ... within each row
+        k = local + first.repeat(counts)
+        row_lo = lo.repeat(counts)
+        begin = starts[k]
+        part_lo = np.maximum(begin, row_lo)  # a row's first part may start inside its document
+        end = self.ends[k]
+        row_lo += s
+        length = np.minimum(end, row_lo)
+        length -= part_lo
+        doc_pos = part_lo
+        doc_pos -= begin
+        content = length
+        if self.eos:  # a part holds its document's end token unless the row ends first
+            content = length - (end <= row_lo)
+        if self.has_empty:  # empty documents hold no token of any row
+            keep = length > 0
+            k, doc_pos, length, content = k[keep], doc_pos[keep], length[keep], content[keep]
+            row = np.arange(len(rows), dtype=np.int64).repeat(counts)[keep]
+            segment = _segments(row)
+        else:
+            row = np.arange(len(rows), dtype=np.int64).repeat(counts)
+            local += 1
+            segment = local.astype(np.int32)
+        flat = length.cumsum()  # the rows are full and back to back
+        flat -= length
+        return Parts(row, self.order[k], doc_pos, length, flat, segment, content, True)
 
 
 class FirstFitPlan:
@@ -172,8 +196,8 @@ class FirstFitPlan:
         return self.sizes.nbytes + self.row_ptr.nbytes + self.row_docs.nbytes
 
     def parts(self, rows: np.ndarray) -> Parts:
-        """The parts of ``rows``: one per document, each from the document's start (padding
-        is no part)."""
+        """The parts of ``rows`` (uint64 row indices): one per document, each from the
+        document's start (padding is no part)."""
         return _first_fit_parts(self, rows)
 
     def _by_size(self, counts: np.ndarray, seed: int) -> np.ndarray:
@@ -331,15 +355,22 @@ def _expand(events: _Events, by_size: np.ndarray,
 
 
 def _first_fit_parts(plan: FirstFitPlan, rows: np.ndarray) -> Parts:
+    s = plan.seq_len
     starts = plan.row_ptr[rows]
-    counts = plan.row_ptr[rows.astype(np.int64) + 1] - starts
-    k = _ranges(starts, counts)
-    row = np.repeat(np.arange(len(rows), dtype=np.int64), counts)
-    doc = plan.row_docs[k].astype(np.int64)
+    counts = plan.row_ptr[rows.astype(np.int64) + 1]
+    counts -= starts
+    ends = counts.cumsum()
+    total = int(ends[-1]) if len(ends) else 0
+    head = ends - counts
+    local = np.arange(total, dtype=np.int64)
+    local -= head.repeat(counts)
+    doc = plan.row_docs[local + starts.repeat(counts)]
     length = plan.sizes[doc].astype(np.int64)
     # Each part starts where the row's earlier parts end.
-    before = np.zeros(len(k) + 1, dtype=np.int64)
-    np.cumsum(length, out=before[1:])
-    dst = before[:-1] - np.repeat(before[np.cumsum(counts) - counts], counts)
-    return Parts(row, doc, np.zeros(len(k), dtype=np.int64), length, dst, _segments(row),
-                 length - plan.eos)
+    flat = length.cumsum()
+    flat -= length
+    row = np.arange(len(rows), dtype=np.int64).repeat(counts)
+    flat += (row * s - flat[head].repeat(counts)) if total else 0
+    local += 1
+    return Parts(row, doc, np.zeros(total, dtype=np.int64), length, flat,
+                 local.astype(np.int32), length - plan.eos if plan.eos else length, False)

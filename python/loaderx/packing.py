@@ -308,6 +308,7 @@ class PackedDataset:
                     "cut them, or a larger seq_len")
             self._plan = plan
         self._cache = _Cache()
+        self._aranges: dict[int, np.ndarray] = {}
         self._gather_parts = all(hasattr(p.store._native, "gather_parts")
                                  for p in layout.parts)
 
@@ -407,26 +408,29 @@ class PackedDataset:
         if not len(idxs):
             return
         parts = self._parts(idxs)
-        slot = (np.arange(len(idxs), dtype=np.int64) if rows is None
-                else np.asarray(rows).astype(np.int64))
-        if dst.dtype != np.uint8 or dst.ndim != 1 or not dst.flags.c_contiguous \
-                or not dst.flags.writeable:
-            raise LoaderxValueError("dst must be a writable, C-contiguous 1-D uint8 array")
-        if len(slot) and (int(slot.max()) + 1) * self._record_bytes > len(dst):
-            raise LoaderxValueError(f"dst holds {len(dst)} bytes, too few for row "
-                                    f"{int(slot.max())} of {self._record_bytes} bytes")
-        tokens = dst[:len(dst) - len(dst) % self._dtype.itemsize].view(self._dtype)
         s = self._seq_len
-        row_at = slot * s  # each batch row's first token in dst
-        if isinstance(self._plan, FirstFitPlan):
+        slots = len(idxs) if rows is None else int(rows.max()) + 1
+        if not (isinstance(dst, np.ndarray) and dst.dtype == np.uint8 and dst.ndim == 1
+                and dst.flags.c_contiguous and dst.flags.writeable):
+            raise LoaderxValueError("dst must be a writable, C-contiguous 1-D uint8 array")
+        if slots * self._record_bytes > len(dst):
+            raise LoaderxValueError(f"dst holds {len(dst)} bytes, too few for {slots} rows of "
+                                    f"{self._record_bytes} bytes")
+        tokens = dst[:slots * self._record_bytes].view(self._dtype)
+        at = parts.flat
+        if rows is not None:  # batch row i goes to row rows[i] of dst
+            shift = rows.astype(np.int64) - np.arange(len(idxs), dtype=np.int64)
+            shift *= s
+            at = at + shift[parts.row]
+        if not parts.covered:  # padding first, the documents over it
             if rows is None:
-                tokens[:len(idxs) * s] = self._pad
+                tokens.fill(self._pad)
             else:
-                tokens.reshape(-1, s)[slot] = self._pad
-        self._read(parts, row_at, dst)
-        ends = parts.length > parts.content
-        if ends.any():  # end-of-document tokens
-            tokens[row_at[parts.row[ends]] + parts.dst[ends] + parts.content[ends]] = self._eos
+                tokens.reshape(-1, s)[rows.astype(np.int64)] = self._pad
+        self._read(parts, at, dst)
+        if self._eos is not None:  # end-of-document tokens
+            ended = parts.length > parts.content
+            tokens[(at + parts.content)[ended]] = self._eos
 
     def companions(self, name: str, idxs: npt.NDArray[np.uint64]) -> dict[str, np.ndarray]:
         """``name_segment_ids`` and ``name_positions`` of rows ``idxs`` (see the module
@@ -444,13 +448,19 @@ class PackedDataset:
         flat = self._row_indices(idxs)
         parts = self._parts(flat)
         s = self._seq_len
-        seg = np.zeros((len(flat), s), dtype=np.int32)
-        pos = np.zeros((len(flat), s), dtype=np.int32)
-        at = _ranges(parts.row * s + parts.dst, parts.length)
-        seg.reshape(-1)[at] = np.repeat(parts.segment, parts.length)
-        within = _ranges(parts.doc_pos, parts.length)
-        pos.reshape(-1)[at] = within
-        return seg, pos
+        total = len(flat) * s
+        # A part's token t is at flat + t and at position doc_pos + t of its document.
+        back = (parts.flat - parts.doc_pos).astype(np.int32).repeat(parts.length)
+        if parts.covered:  # the parts tile the rows: no scatter
+            seg = parts.segment.repeat(parts.length)
+            pos = self._arange(total) - back
+        else:
+            seg = np.zeros(total, dtype=np.int32)
+            pos = np.zeros(total, dtype=np.int32)
+            at = _ranges(parts.flat, parts.length)
+            seg[at] = parts.segment.repeat(parts.length)
+            pos[at] = at.astype(np.int32) - back
+        return seg.reshape(len(flat), s), pos.reshape(len(flat), s)
 
     def prefetch(self, idxs: Any) -> bool:
         """Starts reading the records rows ``idxs`` need into the page cache, without
@@ -459,10 +469,20 @@ class PackedDataset:
         flat = flat[flat < len(self)]
         if not len(flat):
             return False
-        records, *_ = self._record_parts(self._parts(flat))
+        parts = self._parts(flat)
+        records = self._record_parts(parts, parts.flat)[0]
         return bool(self._docs.prefetch(np.unique(records).astype(np.uint64)))
 
     # -- reading -------------------------------------------------------------------------------
+
+    def _arange(self, n: int) -> np.ndarray:
+        """``arange(n)`` as int32, kept per size (read-only, shared by threads)."""
+        cached = self._aranges.get(n)
+        if cached is None:
+            cached = np.arange(n, dtype=np.int32)
+            cached.setflags(write=False)
+            self._aranges[n] = cached
+        return cached
 
     def _row_indices(self, idxs: Any) -> np.ndarray:
         if isinstance(idxs, np.ndarray) and idxs.dtype == np.uint64 and idxs.ndim == 1:
@@ -474,7 +494,7 @@ class PackedDataset:
         if len(idxs) and int(idxs.max()) >= len(self):
             bad = int(idxs[idxs >= len(self)][0])
             raise LoaderxIndexError(f"row {bad} is out of range for {len(self)} packed rows")
-        key = np.ascontiguousarray(idxs, dtype=np.uint64).tobytes()
+        key = idxs.tobytes()
         cache = self._cache
         if cache.parts is not None and cache.key == key:
             return cache.parts
@@ -482,48 +502,55 @@ class PackedDataset:
         cache.key, cache.parts = key, parts
         return parts
 
-    def _record_parts(self, parts: Parts) -> tuple[np.ndarray, ...]:
-        """The document tokens of ``parts`` as byte-free record ranges: (view record, first
-        token in it, tokens, owning part)."""
-        has = parts.content > 0
-        idx = np.flatnonzero(has)
-        doc, start, count = parts.doc[idx], parts.doc_pos[idx], parts.content[idx]
+    def _record_parts(self, parts: Parts,
+                      at: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The document tokens of ``parts`` as ranges of records: (view record, first token
+        in it, tokens, destination token), from the parts' destinations ``at``."""
         p = self._documents.piece_rows
         if not p:
-            return doc, start, count, idx, np.zeros(len(idx), dtype=np.int64)
+            return parts.doc, parts.doc_pos, parts.content, at
+        assert self._documents.first_record is not None
+        piece = parts.doc_pos // p
+        start = parts.doc_pos - piece * p
+        if (start + parts.content <= p).all():  # usually: each part inside one piece
+            return self._documents.first_record[parts.doc] + piece, start, parts.content, at
+        has = np.flatnonzero(parts.content)
+        start, count = parts.doc_pos[has], parts.content[has]
         first_piece = start // p
         pieces = (start + count - 1) // p - first_piece + 1
-        owner = np.repeat(np.arange(len(idx)), pieces)
+        owner = np.repeat(has, pieces)
         piece = _ranges(first_piece, pieces)
-        lo = np.maximum(piece * p, start[owner])
-        hi = np.minimum((piece + 1) * p, (start + count)[owner])
-        assert self._documents.first_record is not None
-        record = self._documents.first_record[doc[owner]] + piece
-        return record, lo - piece * p, hi - lo, idx[owner], lo - start[owner]
+        lo = np.maximum(piece * p, parts.doc_pos[owner])
+        hi = np.minimum((piece + 1) * p, (parts.doc_pos + parts.content)[owner])
+        record = self._documents.first_record[parts.doc[owner]] + piece
+        return record, lo - piece * p, hi - lo, at[owner] + (lo - parts.doc_pos[owner])
 
-    def _read(self, parts: Parts, row_at: np.ndarray, dst: np.ndarray) -> None:
-        """Copies the document tokens of ``parts`` into ``dst``."""
-        record, first, count, owner, skip = self._record_parts(parts)
+    def _read(self, parts: Parts, at: np.ndarray, dst: np.ndarray) -> None:
+        """Copies the document tokens of ``parts`` into ``dst`` at tokens ``at``."""
+        record, first, count, to = self._record_parts(parts, at)
         if not len(record):
             return
-        at = row_at[parts.row[owner]] + parts.dst[owner] + skip  # destination token
         layout = self._layout
         base = (record.astype(np.uint64) if layout.indices is None
                 else layout.indices[record])
-        part, local = _locate(layout, base)
         size = self._dtype.itemsize
-        for k in (np.unique(part) if len(layout.parts) > 1 else (0,)):
-            here = slice(None) if len(layout.parts) == 1 else np.flatnonzero(part == k)
+        if size > 1:
+            first, count, to = first * size, count * size, to * size
+        # All non-negative int64: read as uint64 without a copy.
+        first, count, to = first.view(np.uint64), count.view(np.uint64), to.view(np.uint64)
+        several = len(layout.parts) > 1
+        part, local = _locate(layout, base) if several else (None, base)
+        for k in (np.unique(part) if part is not None else (0,)):
             store = layout.parts[int(k)].store
-            if self._gather_parts:
-                store._native.gather_parts(
-                    np.ascontiguousarray(local[here], dtype=np.uint64),
-                    (first[here] * size).astype(np.uint64),
-                    (count[here] * size).astype(np.uint64), dst,
-                    (at[here] * size).astype(np.uint64))
+            if part is None:
+                w = (local, first, count, to)
             else:
-                _copy_parts(store, local[here], first[here], count[here], at[here], dst,
-                            self._dtype)
+                here = np.flatnonzero(part == k)
+                w = (local[here], first[here], count[here], to[here])
+            if self._gather_parts:
+                store._native.gather_parts(w[0], w[1], w[2], dst, w[3])
+            else:
+                _copy_parts(store, *w, dst)
 
     # -- what the datasets share ---------------------------------------------------------------
 
@@ -578,18 +605,15 @@ def _repack(docs: Any, seq_len: int, method: Method, seed: Any, eos_id: int | No
 
 
 def _copy_parts(store: Any, local: np.ndarray, first: np.ndarray, count: np.ndarray,
-                at: np.ndarray, dst: np.ndarray, dtype: np.dtype) -> None:
-    """Without ``gather_parts``: every record the parts name read whole once (one gather),
-    then the parts copied out of it."""
-    size = dtype.itemsize
+                to: np.ndarray, dst: np.ndarray) -> None:
+    """Without ``gather_parts`` (byte ranges): every record the parts name read whole once
+    (one gather), then the parts copied out of it."""
     uniq, which = np.unique(local, return_inverse=True)
     nbytes = store.lengths(uniq).astype(np.uint64)
     offsets = np.zeros(len(uniq), dtype=np.uint64)
     np.cumsum(nbytes[:-1], out=offsets[1:])
     scratch = aligned_empty(int(nbytes.sum()))
     store.gather(uniq, scratch, offsets)
-    src = scratch.view(dtype)
-    out = dst[:len(dst) - len(dst) % size].view(dtype)
-    from_at = (offsets // np.uint64(size)).astype(np.int64)[which] + first
-    out[_ranges(at, count)] = src[_ranges(from_at, count)]
-
+    to, count = to.view(np.int64), count.view(np.int64)
+    src = offsets.view(np.int64)[which] + first.view(np.int64)
+    dst[_ranges(to, count)] = scratch[_ranges(src, count)]

@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""Packed sequences (``loaderx.pack``): rows of ``python scripts/bench.py loader``, or alone with
+``python scripts/bench_packing.py [--repeats N]``.
+
+Corpus: the Python standard library's own sources (every ``.py`` file outside ``test`` and
+``site-packages``, one document per file), byte-level tokens as uint16 (byte + 1; end token 0),
+so the tokens compress as text does. Rows of 513 tokens (a GPT-style 512-token row plus its
+shifted target), batches of 32. Tables:
+
+* throughput -- tokens per second a training loop receives, medians of several runs, the same
+  corpus for all: the nanoGPT-style baseline (one ``np.memmap`` of every token, each row a
+  random ``seq_len``-token slice, one fancy index per batch; no segment ids, no positions,
+  documents cut anywhere) against the ``DataLoader`` over ``pack()`` (tokens, segment ids and
+  positions), raw and zstd stores, documents whole (one file is over the 1 MiB record limit:
+  1 MiB pieces) or written in 16 KiB pieces (``max_record_bytes=``), ``num_workers`` 0 and 2;
+  and Grain's packing (``ConcatThenSplitIterDataset`` and ``FirstFitPackIterDataset`` over the
+  documents held in memory, batched by Grain) where ``grain`` imports;
+* plan -- the row plan of 10 M documents (synthetic lognormal lengths, seq_len 2048): seconds
+  and peak memory (tracemalloc) to build it, and what it keeps;
+* codec -- 1 KiB token rows (512 tokens, a dense store): one gather of 32 random rows, raw vs
+  zstd;
+* long documents -- 100 documents of 100 k tokens: a packed batch (gather and companion
+  arrays) from raw and zstd stores, whole records and pieces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import statistics
+import sys
+import sysconfig
+import tempfile
+import time
+import tracemalloc
+
+import numpy as np
+
+BATCH, SEQ = 32, 513
+EOS = 0
+
+
+def corpus_files() -> list[pathlib.Path]:
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    return [f for f in sorted(root.rglob("*.py"))
+            if not {"test", "tests", "site-packages", "idlelib"} & set(f.relative_to(root).parts)]
+
+
+def documents(files: list[pathlib.Path]) -> list[np.ndarray]:
+    """Byte-level tokens: byte b is token b + 1 (0 is the end token)."""
+    docs = []
+    for f in files:
+        raw = np.frombuffer(f.read_bytes(), dtype=np.uint8)
+        docs.append(raw.astype(np.uint16) + 1)
+    return docs
+
+
+def median(fn, repeats: int) -> float:
+    return statistics.median(fn() for _ in range(repeats))
+
+
+# -- throughput ----------------------------------------------------------------------------------
+
+
+def nanogpt(path: pathlib.Path, batches: int, batch_size: int = BATCH) -> float:
+    data = np.memmap(path, dtype=np.uint16, mode="r")
+    rng = np.random.default_rng(0)
+    span = np.arange(SEQ)
+    for _ in range(20):
+        data[rng.integers(0, len(data) - SEQ, batch_size)[:, None] + span]
+    t = time.perf_counter()
+    for _ in range(batches):
+        x = data[rng.integers(0, len(data) - SEQ, batch_size)[:, None] + span]
+    del x
+    return time.perf_counter() - t
+
+
+def loaderx_run(path: pathlib.Path, batches: int, workers: int, method: str = "concat",
+                batch_size: int = BATCH, pool_threads: int | None = None) -> float:
+    from loaderx import DataLoader, RaggedDataset, pack, set_num_threads
+    from loaderx._native import num_threads
+
+    view = pack(RaggedDataset(path), SEQ, method=method, eos_id=EOS)
+    threads = num_threads()
+    if pool_threads is not None:
+        set_num_threads(pool_threads)
+    try:
+        with DataLoader({"tokens": view}, batch_size=batch_size,
+                        num_workers=workers) as loader:
+            for _ in range(20):
+                next(loader)
+            t = time.perf_counter()
+            for _ in range(batches):
+                batch = next(loader)
+            elapsed = time.perf_counter() - t
+    finally:
+        set_num_threads(threads)
+    assert batch["tokens_positions"].shape == (batch_size, SEQ)
+    view.close()
+    return elapsed
+
+
+def grain_run(docs: list[np.ndarray], batches: int, method: str) -> float | None:
+    try:
+        import grain
+        import grain.experimental as ge
+    except ImportError:
+        return None
+    try:  # grain reads absl flags, which a program that is not an absl app never parses
+        from absl import flags
+
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+    except ImportError:
+        pass
+    with_eos = [np.append(d, np.uint16(EOS)) for d in docs]
+    ds = grain.MapDataset.source(with_eos).shuffle(seed=0).repeat()
+    ds = ds.map(lambda t: {"tokens": t}).to_iter_dataset()
+    if method == "concat":
+        ds = ge.ConcatThenSplitIterDataset(ds, length_struct={"tokens": SEQ})
+    else:  # Grain's first fit needs documents truncated to a row first
+        ds = ds.map(lambda f: {"tokens": f["tokens"][:SEQ]})
+        ds = ge.FirstFitPackIterDataset(ds, length_struct={"tokens": SEQ}, num_packing_bins=64)
+    it = iter(ds.batch(BATCH))
+    for _ in range(5):
+        batch = next(it)
+    t = time.perf_counter()
+    for _ in range(batches):
+        batch = next(it)
+    elapsed = time.perf_counter() - t
+    assert batch["tokens"].shape == (BATCH, SEQ) and "tokens_segment_ids" in batch
+    return elapsed
+
+
+def throughput(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None:
+    from loaderx import from_iterator
+
+    stream = np.concatenate([np.append(d, np.uint16(EOS)) for d in docs])
+    stream.tofile(root / "all.bin")
+    for codec in ("raw", "zstd"):
+        # One file is over the 1 MiB record limit as uint16: 1 MiB pieces for it.
+        from_iterator(root / codec, docs, codec=codec, progress=False,
+                      max_record_bytes=1 << 20)
+        from_iterator(root / f"{codec}-16k", docs, codec=codec, progress=False,
+                      max_record_bytes=16 << 10)
+    fast, slow = 2000, 60
+    rows: list[tuple[str, float, int]] = []
+    rows.append(("nanoGPT-style memmap slices (baseline)",
+                 median(lambda: nanogpt(root / "all.bin", fast), repeats), fast))
+    for store, label in (("raw", "raw"), ("raw-16k", "raw, 16 KiB pieces"),
+                         ("zstd", "zstd"), ("zstd-16k", "zstd, 16 KiB pieces")):
+        n = fast if store.startswith("raw") else fast // 4
+        for workers in (0, 2):
+            rows.append((f"loaderx pack concat, {label}, num_workers={workers}",
+                         median(lambda s=store, n=n, w=workers: loaderx_run(root / s, n, w),
+                                repeats), n))
+    rows.append(("loaderx pack concat, raw, num_workers=0, 1 pool thread",
+                 median(lambda: loaderx_run(root / "raw", fast, 0, pool_threads=1), repeats),
+                 fast))
+    rows.append(("loaderx pack first_fit, raw, num_workers=0",
+                 median(lambda: loaderx_run(root / "raw", fast, 0, "first_fit"), repeats), fast))
+    grain_note = "grain not installed (pip install grain)"
+    for method, label in (("concat", "ConcatThenSplit"), ("first_fit", "FirstFitPack")):
+        t = grain_run(docs, slow, method)
+        if t is not None:
+            t = median(lambda m=method: grain_run(docs, slow, m), repeats)
+            rows.append((f"grain {label} (documents in memory)", t, slow))
+            grain_note = ""
+    base = rows[0][1] / rows[0][2]
+    tokens = sum(len(d) + 1 for d in docs)
+    print(f"\n## Packed sequences -- {len(docs)} documents (the standard library's sources, "
+          f"{tokens / 1e6:.1f} M byte-level tokens), batch {BATCH} x {SEQ}, medians of "
+          f"{repeats}\n")
+    print("| loader | µs/batch | M tokens/s | vs baseline |")
+    print("|---|---|---|---|")
+    for name, t, n in rows:
+        per = t / n
+        print(f"| {name} | {per * 1e6:,.0f} | {BATCH * SEQ / per / 1e6:,.1f} | "
+              f"{base / per:.2f}x |")
+    if grain_note:
+        print(f"\n{grain_note}")
+    grains = {name: t / n for name, t, n in rows if name.startswith("grain")}
+    ours = {"concat": rows[1][1] / rows[1][2],
+            "first_fit": next(t / n for name, t, n in rows if "first_fit" in name)}
+    for name, per in grains.items():
+        kind = "concat" if "Concat" in name else "first_fit"
+        print(f"loaderx {kind} (raw, num_workers=0) / {name}: {per / ours[kind]:.1f}x")
+
+    # A packed batch costs a fixed number of NumPy calls plus its bytes: larger batches
+    # amortize the calls, where the baseline's cost grows with the tokens.
+    print("\n| batch size | baseline M tokens/s | loaderx concat raw, num_workers=0 | ratio |")
+    print("|---|---|---|---|")
+    for size in (32, 128, 512):
+        n = max(50, fast * BATCH // size)
+        base_t = median(lambda n=n, size=size: nanogpt(root / "all.bin", n, size), repeats)
+        ours_t = median(lambda n=n, size=size: loaderx_run(root / "raw", n, 0,
+                                                           batch_size=size), repeats)
+        rate = n * size * SEQ / 1e6
+        print(f"| {size} | {rate / base_t:,.0f} | {rate / ours_t:,.0f} | "
+              f"{base_t / ours_t:.2f}x |")
+
+
+# -- the plan ------------------------------------------------------------------------------------
+
+
+def plan_cost(repeats: int) -> None:
+    from loaderx._pack_plan import ConcatPlan, FirstFitPlan
+
+    n, seq = 10_000_000, 2048
+    lengths = np.minimum(np.random.default_rng(0).lognormal(np.log(500), 1.0, n),
+                         4 * seq).astype(np.uint32)
+    print(f"\n## Row plan -- {n // 1_000_000} M documents (lognormal lengths, median 500 "
+          f"tokens, {lengths.sum() / 1e9:.1f} G tokens), seq_len {seq}\n")
+    print("| method | seconds | peak MB while planning | MB kept | rows |")
+    print("|---|---|---|---|---|")
+    for name, cls in (("concat", ConcatPlan), ("first_fit", FirstFitPlan)):
+        def build(cls=cls):
+            t = time.perf_counter()
+            cls(lengths, seq, 0, True)
+            return time.perf_counter() - t
+        seconds = median(build, repeats)
+        tracemalloc.start()
+        plan = cls(lengths, seq, 0, True)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(f"| {name} | {seconds:.2f} | {peak / 1e6:.0f} | {plan.nbytes / 1e6:.0f} | "
+              f"{plan.rows:,} |")
+    print("\n(the lengths themselves, 40 MB of uint32, come from the record table and are not "
+          "counted)")
+
+
+# -- codecs --------------------------------------------------------------------------------------
+
+
+def codec_rows(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None:
+    from loaderx import DenseDataset, RaggedDataset, from_iterator, from_numpy, pack
+
+    stream = np.concatenate(docs)
+    rows = stream[: len(stream) // 512 * 512].reshape(-1, 512)
+    rng = np.random.default_rng(0)
+    print("\n## Codec -- 1 KiB token rows (512 byte-level tokens) in a dense store, one gather "
+          f"of {BATCH} random rows\n")
+    print("| codec | µs/batch | bytes on disk / raw |")
+    print("|---|---|---|")
+    raw_bytes = None
+    for codec in ("raw", "zstd"):
+        from_numpy(root / f"rows-{codec}", rows, codec=codec, progress=False)
+        ds = DenseDataset(root / f"rows-{codec}")
+        picks = [rng.integers(0, len(ds), BATCH) for _ in range(2000)]
+        out = np.empty((BATCH, 512), np.uint16)
+
+        def run(ds=ds, picks=picks, out=out):
+            t = time.perf_counter()
+            for p in picks:
+                ds.gather(p, out)
+            return time.perf_counter() - t
+        per = median(run, repeats) / len(picks)
+        disk = ds.store.stats()["live_bytes"]
+        raw_bytes = raw_bytes or disk
+        print(f"| {codec} | {per * 1e6:.0f} | {disk / raw_bytes:.2f} |")
+
+    long_docs = [stream[i * 100_000:(i + 1) * 100_000] for i in range(min(100, len(stream)
+                                                                          // 100_000))]
+    print(f"\n## Long documents -- {len(long_docs)} documents of 100 k tokens, a packed batch "
+          f"of {BATCH} x {SEQ} (gather and segment ids/positions)\n")
+    print("| store | µs/batch | records |")
+    print("|---|---|---|")
+    for codec in ("raw", "zstd"):
+        for piece in (None, 64 << 10, 16 << 10, 4 << 10):
+            name = f"long-{codec}-{piece}"
+            kw = {} if piece is None else {"max_record_bytes": piece}
+            from_iterator(root / name, long_docs, codec=codec, progress=False, **kw)
+            view = pack(RaggedDataset(root / name), SEQ, eos_id=EOS)
+            dst = np.empty(BATCH * view.record_bytes, np.uint8)
+            picks = [rng.integers(0, len(view), BATCH).astype(np.uint64) for _ in range(200)]
+
+            def run(view=view, picks=picks, dst=dst):
+                t = time.perf_counter()
+                for p in picks:
+                    view.gather_rows(p, dst)
+                    view.companions("tokens", p)
+                return time.perf_counter() - t
+            per = median(run, repeats) / len(picks)
+            what = "whole documents" if piece is None else f"{piece >> 10} KiB pieces"
+            print(f"| {codec}, {what} | {per * 1e6:,.0f} | {len(view.docs):,} |")
+
+
+def main(repeats: int = 5) -> None:
+    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-packing-"))
+    try:
+        docs = documents(corpus_files())
+        throughput(root, docs, repeats)
+        plan_cost(min(repeats, 3))
+        codec_rows(root, docs, repeats)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    main(args.repeats)
