@@ -14,7 +14,8 @@ shifted target), batches of 32. Tables:
   positions), raw and zstd stores, documents whole (one file is over the 1 MiB record limit:
   1 MiB pieces) or written in 16 KiB pieces (``max_record_bytes=``), ``num_workers`` 0 and 2;
   and Grain's packing (``ConcatThenSplitIterDataset`` and ``FirstFitPackIterDataset`` over the
-  documents held in memory, batched by Grain) where ``grain`` imports;
+  documents held in memory, batched by Grain) where ``grain`` imports; then the time a training
+  loop waits per batch behind a 1 ms step that releases the GIL, and the ratio by batch size;
 * plan -- the row plan of 10 M documents (synthetic lognormal lengths, seq_len 2048): seconds
   and peak memory (tracemalloc) to build it, and what it keeps;
 * codec -- 1 KiB token rows (512 tokens, a dense store): one gather of 32 random rows, raw vs
@@ -102,6 +103,32 @@ def loaderx_run(path: pathlib.Path, batches: int, workers: int, method: str = "c
     return elapsed
 
 
+def waiting(root: pathlib.Path, workers: int | None, steps: int = 400) -> float:
+    """Median time ``next()`` (or the baseline's slicing) takes between 1 ms sleeps."""
+    from loaderx import DataLoader, RaggedDataset, pack
+
+    waits = []
+    if workers is None:
+        data = np.memmap(root / "all.bin", dtype=np.uint16, mode="r")
+        rng, span = np.random.default_rng(0), np.arange(SEQ)
+        for _ in range(steps):
+            t = time.perf_counter()
+            data[rng.integers(0, len(data) - SEQ, BATCH)[:, None] + span]
+            waits.append(time.perf_counter() - t)
+            time.sleep(0.001)
+        return statistics.median(waits) * 1e6
+    view = pack(RaggedDataset(root / "raw"), SEQ, eos_id=EOS)
+    with DataLoader({"tokens": view}, batch_size=BATCH, num_workers=workers) as loader:
+        for _ in range(20):
+            next(loader)
+        for _ in range(steps):
+            t = time.perf_counter()
+            next(loader)
+            waits.append(time.perf_counter() - t)
+            time.sleep(0.001)
+    return statistics.median(waits) * 1e6
+
+
 def grain_run(docs: list[np.ndarray], batches: int, method: str) -> float | None:
     try:
         import grain
@@ -187,6 +214,15 @@ def throughput(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None
     for name, per in grains.items():
         kind = "concat" if "Concat" in name else "first_fit"
         print(f"loaderx {kind} (raw, num_workers=0) / {name}: {per / ours[kind]:.1f}x")
+
+    # What a training loop waits for per batch when its step releases the GIL (a GPU step):
+    # the baseline's slicing runs in the loop; the loader's workers build batches meanwhile.
+    print("\n| behind a 1 ms GIL-free training step | median wait per batch, µs |")
+    print("|---|---|")
+    print(f"| nanoGPT-style memmap slices | {waiting(root, None):,.0f} |")
+    for workers in (0, 1, 2):
+        print(f"| loaderx pack concat, raw, num_workers={workers} | "
+              f"{waiting(root, workers):,.0f} |")
 
     # A packed batch costs a fixed number of NumPy calls plus its bytes: larger batches
     # amortize the calls, where the baseline's cost grows with the tokens.
