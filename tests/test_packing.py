@@ -626,3 +626,16 @@ def test_from_numpy_refuses_a_token_array_past_the_record_cap(tmp_path):
     with pytest.raises(LimitExceededError, match="one record per element.*from_iterator"):
         from_numpy(tmp_path / "t", tokens, progress=False)
     assert not os.path.exists(tmp_path / "t")
+
+
+def test_prefetch_names_the_records_of_the_rows(tmp_path, monkeypatch):
+    docs = _corpus(tmp_path, FF_LENGTHS, max_record_bytes=64)
+    view = pack(docs, 16, eos_id=EOS)
+    asked = []
+    monkeypatch.setattr(docs, "prefetch", lambda idxs: asked.append(np.asarray(idxs)) or True)
+    assert view.prefetch([0, 1, len(view) + 5]) is True  # past the end: ignored, as a hint
+    parts = view._plan.parts(np.array([0, 1], dtype=np.uint64))
+    records = view._record_parts(parts, parts.flat)[0]
+    assert sorted(asked[0].tolist()) == sorted(set(records.tolist()))
+    assert view.prefetch([len(view)]) is False
+    assert isinstance(view.recently_cold, bool)
