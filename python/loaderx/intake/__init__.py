@@ -1,0 +1,30 @@
+"""Bringing data in: converters from the formats datasets come in, and the *dataset directory*
+they write (one loaderx store per column plus a manifest; see :mod:`loaderx.intake.directory`).
+
+* :func:`open_dataset` -- a dataset directory as ``{column: dataset}``, ready for the
+  :class:`~loaderx.dataloader.DataLoader` and :func:`~loaderx.subset.split`;
+  :func:`decode_strings` gives a string column's text back.
+* :func:`from_arrow` (:mod:`loaderx.intake.tables`) -- anything that speaks Arrow (pyarrow,
+  polars, DuckDB, pandas, Hugging Face ``datasets``) and Parquet files or globs.
+* :class:`DirectoryWriter` -- the transaction every converter writes through.
+
+pyarrow is imported only when a table is converted.
+"""
+
+from __future__ import annotations
+
+from loaderx.intake.directory import (
+    Column,
+    DirectoryWriter,
+    Manifest,
+    RaggedBatch,
+    decode_strings,
+    is_dataset_directory,
+    open_dataset,
+    read_manifest,
+)
+
+__all__ = [
+    "Column", "DirectoryWriter", "Manifest", "RaggedBatch", "decode_strings",
+    "is_dataset_directory", "open_dataset", "read_manifest",
+]

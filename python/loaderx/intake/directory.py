@@ -1,0 +1,932 @@
+"""The *dataset directory*: several aligned columns, one loaderx store each, and a manifest.
+
+Every converter of :mod:`loaderx.intake` (tables, image folders, WebDataset shards) writes this
+layout through :class:`DirectoryWriter`, and :func:`open_dataset` opens it as
+``{column: dataset}``, a dict the :class:`~loaderx.dataloader.DataLoader` and
+:func:`~loaderx.subset.split` take as they are (row ``i`` of every column belongs to sample
+``i``)::
+
+    dst/
+      manifest.json        what the directory holds (written last: its presence makes it one)
+      label/               one loaderx store per column (schema.msgpack, meta.zr, 0.zr, ...)
+      image/
+      _00002_caption_en/   a column whose name is not a safe directory name (see below)
+
+or, for a dataset written as several parts (more rows than one store holds, 2**24, or parts
+written by separate tasks)::
+
+    dst/
+      manifest.json        the columns, the total row count and the parts, in order
+      parts/00000/         each part a complete dataset directory of the same columns
+      parts/00001/
+      ...
+
+``manifest.json`` is UTF-8 JSON, at most :data:`MAX_MANIFEST_BYTES`::
+
+    {"format": "loaderx-dataset", "version": 1, "rows": 3,
+     "columns": [{"name": "label", "store": "label", "kind": "dense", "dtype": "<i8",
+                  "item_shape": [], "codec": "raw", "extra": {"classes": ["cat", "dog"]}},
+                 {"name": "text", "store": "text", "kind": "ragged", "dtype": "|u1",
+                  "item_shape": [], "codec": "zstd",
+                  "extra": {"string": true, "arrow_type": "string"}}],
+     "parts": [{"path": "parts/00000", "rows": 2}, {"path": "parts/00001", "rows": 1}],
+     "extra": {"source": "parquet"}}
+
+``parts`` is present only in a directory of parts (whose ``columns`` then have no ``store``:
+each part's own manifest names its stores). ``columns`` keeps the order the columns were
+added in. ``extra`` (per column and for the whole directory) is what the converter wants to
+remember: ``"string": true`` marks a column of UTF-8 text (stored as ragged ``uint8``; decode it
+with :func:`decode_strings`), ``"classes"`` the names of integer labels, ``arrow_type`` the
+type the column had in its source.
+
+Column names are any strings (``"a/b"``, ``".."``, ``"名前"``, ``""``), kept in the manifest.
+A name that is a safe directory name -- ASCII letters, digits, ``.``, ``_``, ``-``, starting
+with a letter or digit, at most 64 characters, not ``parts`` or ``manifest.json`` and not
+equal to an earlier column's but for case -- is its store's directory name; any other name is
+stored in ``_<column index>_<the name's safe characters, at most 40>``, which cannot collide
+with a safe name (those never start with ``_``) nor with another escaped one (the index). On
+reading, a store or part path in a manifest that is not of these forms is refused
+(CorruptStoreError): a manifest cannot name anything outside its directory.
+
+Writing is one transaction: :class:`DirectoryWriter` builds everything in a private staging
+directory beside ``dst`` (:func:`loaderx.staging.private_dir`), appends the rows of every
+column together (each :meth:`DirectoryWriter.append` call checks all columns first, so they
+always have the same length), syncs every store, writes the manifests and publishes the whole
+directory in one atomic rename (:func:`loaderx.staging.publish`, or
+:func:`loaderx.staging.replace` with ``overwrite=True``). A failure, Ctrl-C or a kill leaves
+``dst`` as it was (absent, or the old dataset) and removes the staging directory -- at once,
+or, after a kill, when the next conversion into ``dst`` runs :func:`loaderx.staging.remove_stale`.
+So a conversion is *re-run*, not resumed: running it again after any interruption gives exactly
+the result an uninterrupted run gives, nothing duplicated (``overwrite=True`` is needed only
+when a previous run completed).
+
+Columns whose records are at most :data:`RAW_RECORD_BYTES` bytes (scalars, small vectors) are
+stored raw whatever the codec asked for: a zstd frame's own header is about as large as such a
+record, so compressing them costs time and never saves a byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import math
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from loaderx import _native, _schema, staging
+from loaderx.concat import ConcatDataset
+from loaderx.dataset import DenseDataset, RaggedDataset
+from loaderx.errors import (
+    CorruptStoreError,
+    DatasetError,
+    InternalError,
+    LimitExceededError,
+    LoaderxTypeError,
+    LoaderxValueError,
+    StoreClosedError,
+)
+from loaderx.zrecord import MAX_RECORD_BYTES, MAX_RECORDS, Codec, Zrecord
+from loaderx.zrecord import _codec as _store_codec
+
+__all__ = [
+    "DirectoryWriter", "RaggedBatch", "Column", "Manifest", "open_dataset", "read_manifest",
+    "is_dataset_directory", "decode_strings", "MANIFEST_FILE", "FORMAT", "VERSION",
+]
+
+MANIFEST_FILE = "manifest.json"
+FORMAT = "loaderx-dataset"
+VERSION = 1
+PARTS_DIR = "parts"
+#: Largest manifest read or written (it is metadata: class names, column types).
+MAX_MANIFEST_BYTES = 16 << 20
+#: Records of at most this many bytes are stored raw (see the module docstring).
+RAW_RECORD_BYTES = 16
+#: Most columns one directory holds.
+MAX_COLUMNS = 4096
+#: Most parts one directory holds.
+MAX_PARTS = 100_000
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+_ESCAPED_NAME = re.compile(r"_[0-9]{1,5}_[A-Za-z0-9._-]{0,40}\Z")
+_PART_PATH = re.compile(r"parts/[0-9]{5,6}\Z")
+_RESERVED_NAMES = {PARTS_DIR, MANIFEST_FILE}
+_DATA = Any  # a batch of one column (see DirectoryWriter.append)
+
+
+# -- the manifest --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a dataset directory, as its manifest describes it."""
+
+    name: str
+    store: str  # directory of its store inside the dataset directory ("" in a directory of parts)
+    kind: str  # "dense" or "ragged"
+    dtype: np.dtype
+    item_shape: tuple[int, ...]
+    codec: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_string(self) -> bool:
+        """Whether the column holds UTF-8 text (ragged ``uint8`` records)."""
+        return bool(self.extra.get("string"))
+
+    def to_json(self, with_store: bool = True) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": self.name}
+        if with_store:
+            body["store"] = self.store
+        body.update(kind=self.kind, dtype=self.dtype.str, item_shape=list(self.item_shape),
+                    codec=self.codec, extra=self.extra)
+        return body
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a directory of parts: its path (``parts/NNNNN``) and row count."""
+
+    path: str
+    rows: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What ``manifest.json`` says: the row count, the columns in order, the parts (empty for a
+    directory whose stores are its own columns) and the directory's extra keys."""
+
+    rows: int
+    columns: tuple[Column, ...]
+    parts: tuple[Part, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise DatasetError(f"no column {name!r}; the columns are "
+                           f"{', '.join(repr(c.name) for c in self.columns) or '(none)'}")
+
+    def to_bytes(self) -> bytes:
+        body: dict[str, Any] = {"format": FORMAT, "version": VERSION, "rows": self.rows,
+                                "columns": [c.to_json(not self.parts) for c in self.columns]}
+        if self.parts:
+            body["parts"] = [{"path": p.path, "rows": p.rows} for p in self.parts]
+        body["extra"] = self.extra
+        try:
+            raw = json.dumps(body, ensure_ascii=True, indent=1, allow_nan=False).encode()
+        except (TypeError, ValueError) as e:
+            raise DatasetError(f"the manifest cannot be written as JSON ({e}); extra values "
+                               "must be None, bools, numbers, strings, lists or dicts with "
+                               "string keys") from None
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise DatasetError(f"the manifest encodes to {len(raw)} bytes, over the "
+                               f"{MAX_MANIFEST_BYTES}-byte limit; keep large metadata in a "
+                               "column or a file of its own")
+        return raw + b"\n"
+
+
+def is_dataset_directory(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` has a ``manifest.json`` (whatever it holds: reading checks that)."""
+    return os.path.lexists(os.path.join(os.fspath(path), MANIFEST_FILE))
+
+
+def read_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """The manifest of the dataset directory ``path``, validated: DatasetError when ``path``
+    is not a dataset directory (naming what it is instead), CorruptStoreError when the
+    manifest is not a regular file of valid JSON of this layout or names a path outside it."""
+    path = os.fspath(path)
+    file = os.path.join(path, MANIFEST_FILE)
+    if not os.path.isdir(path):
+        if os.path.exists(path):
+            raise DatasetError(f"{path} is a file; a dataset directory is a directory")
+        with contextlib.suppress(OSError):  # a replacement killed between its two renames
+            staging.remove_stale(path)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(errno.ENOENT, "no dataset directory at this path", path)
+    if not os.path.lexists(file):
+        if _schema.is_store(path):
+            raise DatasetError(f"{path} is a single loaderx store, not a dataset directory "
+                               "(no manifest.json): open it with loaderx.DenseDataset or "
+                               "loaderx.RaggedDataset")
+        raise DatasetError(f"{path} has no {MANIFEST_FILE}: not a loaderx dataset directory")
+    raw = _read_bounded(file)
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CorruptStoreError(f"{file} is not valid JSON ({e})") from None
+    return _parse_manifest(body, file)
+
+
+def _read_bounded(file: str) -> bytes:
+    """The bytes of ``file``, a regular file (never a link, FIFO or device) of at most
+    :data:`MAX_MANIFEST_BYTES`; CorruptStoreError otherwise."""
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise CorruptStoreError(f"{file} is not a regular file; a dataset directory's "
+                                    f"{MANIFEST_FILE} must be a regular file inside it") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptStoreError(f"{file} is not a regular file; a dataset directory's "
+                                    f"{MANIFEST_FILE} must be a regular file inside it")
+        if st.st_size > MAX_MANIFEST_BYTES:
+            raise CorruptStoreError(f"{file} is {st.st_size} bytes, over the "
+                                    f"{MAX_MANIFEST_BYTES}-byte limit of a manifest")
+        parts, left = [], MAX_MANIFEST_BYTES + 1
+        while left > 0:
+            part = os.read(fd, left)
+            if not part:
+                break
+            parts.append(part)
+            left -= len(part)
+    finally:
+        os.close(fd)
+    raw = b"".join(parts)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise CorruptStoreError(f"{file} is over the {MAX_MANIFEST_BYTES}-byte limit")
+    return raw
+
+
+def _is_count(value: Any, limit: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= limit
+
+
+def _parse_manifest(body: Any, file: str) -> Manifest:
+    def bad(what: str) -> CorruptStoreError:
+        return CorruptStoreError(f"{file}: {what}")
+
+    if not isinstance(body, dict):
+        raise bad("does not hold a JSON object")
+    if body.get("format") != FORMAT:
+        raise DatasetError(f"{file}: format {body.get('format')!r} is not {FORMAT!r}")
+    if body.get("version") != VERSION:
+        raise DatasetError(f"{file}: version {body.get('version')!r} is not supported (this "
+                           f"loaderx reads version {VERSION}); upgrade loaderx")
+    rows = body.get("rows")
+    raw_parts = body.get("parts")
+    if not isinstance(rows, int) or not _is_count(
+            rows, MAX_RECORDS if raw_parts is None else MAX_RECORDS * MAX_PARTS):
+        raise bad(f"rows {rows!r} is not a row count")
+    cols = body.get("columns")
+    if not isinstance(cols, list) or len(cols) > MAX_COLUMNS:
+        raise bad(f"columns is not a list of at most {MAX_COLUMNS}")
+    columns, names, stores = [], set(), set()
+    for i, c in enumerate(cols):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+            raise bad(f"column {i} is not an object with a string name")
+        name = c["name"]
+        if name in names:
+            raise bad(f"column name {name!r} appears twice")
+        names.add(name)
+        store = c.get("store", "") if raw_parts is not None else c.get("store")
+        if raw_parts is None and (not isinstance(store, str) or not (
+                _SAFE_NAME.match(store) or _ESCAPED_NAME.match(store))
+                or store in _RESERVED_NAMES or store.lower() in stores):
+            raise bad(f"column {name!r} names the store {store!r}, which is not a directory "
+                      "name of this layout (or is named twice)")
+        if isinstance(store, str):
+            stores.add(store.lower())
+        if c.get("kind") not in _schema.KINDS:
+            raise bad(f"column {name!r} has kind {c.get('kind')!r}")
+        if not isinstance(c.get("dtype"), str):
+            raise bad(f"column {name!r} has dtype {c.get('dtype')!r}")
+        try:
+            dtype = _schema.check_dtype(c["dtype"], f"{file}: column {name!r}")
+        except DatasetError as e:
+            raise bad(str(e)) from None
+        shape = c.get("item_shape")
+        if not isinstance(shape, list) or len(shape) > _schema.MAX_ITEM_DIMS or not all(
+                _is_count(d, 2**31 - 1) for d in shape):
+            raise bad(f"column {name!r} has item_shape {shape!r}")
+        extra = c.get("extra", {})
+        if not isinstance(extra, dict):
+            raise bad(f"column {name!r} has extra {extra!r}, not an object")
+        codec = c.get("codec", "zstd")
+        if codec not in _native.CODECS:
+            raise bad(f"column {name!r} has codec {codec!r}")
+        columns.append(Column(name, str(store), c["kind"], dtype, tuple(shape), codec, extra))
+    parts: list[Part] = []
+    if raw_parts is not None:
+        if not isinstance(raw_parts, list) or not raw_parts or len(raw_parts) > MAX_PARTS:
+            raise bad(f"parts is not a non-empty list of at most {MAX_PARTS}")
+        seen = set()
+        for p in raw_parts:
+            if not isinstance(p, dict) or not isinstance(p.get("path"), str) or \
+                    not _PART_PATH.match(p["path"]) or p["path"] in seen or \
+                    not _is_count(p.get("rows"), MAX_RECORDS):
+                raise bad(f"part {p!r} is not {{'path': 'parts/NNNNN', 'rows': n}} (or "
+                          "is named twice)")
+            seen.add(p["path"])
+            parts.append(Part(p["path"], p["rows"]))
+        if sum(p.rows for p in parts) != rows:
+            raise bad(f"the parts hold {sum(p.rows for p in parts)} rows, the manifest says "
+                      f"{rows}")
+    extra = body.get("extra", {})
+    if not isinstance(extra, dict):
+        raise bad(f"extra {extra!r} is not an object")
+    return Manifest(rows, tuple(columns), tuple(parts), extra)
+
+
+# -- opening -------------------------------------------------------------------------------------
+
+Dataset = DenseDataset | RaggedDataset | ConcatDataset
+
+
+def open_dataset(path: str | os.PathLike[str], *, columns: Sequence[str] | None = None,
+                 verify_reads: bool = False) -> dict[str, Dataset]:
+    """The columns of the dataset directory ``path`` as ``{name: dataset}``, in manifest order:
+    a :class:`~loaderx.dataset.DenseDataset` or :class:`~loaderx.dataset.RaggedDataset` per
+    column, or a :class:`~loaderx.concat.ConcatDataset` over the parts of a directory of parts
+    (opened in the order the manifest lists them). ``columns`` picks some (in that order).
+
+    Every column has the manifest's row count (CorruptStoreError otherwise), so row ``i`` of
+    each belongs to sample ``i``: pass the dict to :class:`~loaderx.dataloader.DataLoader` or
+    :func:`loaderx.split` as it is. A string column is a RaggedDataset of ``uint8``; decode
+    its records with :func:`decode_strings`."""
+    path = os.path.abspath(os.fspath(path))
+    manifest = read_manifest(path)
+    chosen = _choose(manifest, columns)
+    opened: list[Dataset] = []
+    try:
+        if not manifest.parts:
+            for col in chosen:
+                opened.append(_open_store(path, col, manifest.rows, verify_reads))
+            return {c.name: ds for c, ds in zip(chosen, opened, strict=True)}
+        part_sets = []
+        for part in manifest.parts:
+            sub_path = os.path.join(path, *part.path.split("/"))
+            sub = read_manifest(sub_path)
+            if sub.rows != part.rows or sub.parts:
+                raise CorruptStoreError(f"{sub_path}: the part holds {sub.rows} rows"
+                                        f"{' in parts of its own' if sub.parts else ''}; the "
+                                        f"manifest of {path} says {part.rows}")
+            stores = []
+            for col in chosen:
+                own = sub.column(col.name) if col.name in {c.name for c in sub.columns} \
+                    else None
+                if own is None or (own.kind, own.dtype, own.item_shape) != (
+                        col.kind, col.dtype, col.item_shape):
+                    raise CorruptStoreError(f"{sub_path} has no column {col.name!r} of "
+                                            f"{col.kind} {col.dtype.str}{col.item_shape}")
+                ds = _open_store(sub_path, own, part.rows, verify_reads)
+                opened.append(ds)
+                stores.append(ds)
+            part_sets.append(stores)
+        return {c.name: ConcatDataset([ps[i] for ps in part_sets], verify_reads=verify_reads)
+                for i, c in enumerate(chosen)}
+    except BaseException:
+        for ds in opened:
+            with contextlib.suppress(Exception):
+                ds.close()
+        raise
+
+
+def _choose(manifest: Manifest, columns: Sequence[str] | None) -> list[Column]:
+    if columns is None:
+        return list(manifest.columns)
+    if isinstance(columns, str):
+        raise LoaderxTypeError(f"columns must be a list of names, got the string {columns!r} "
+                               f"(write columns=[{columns!r}])")
+    chosen = [manifest.column(name) for name in columns]
+    if len({c.name for c in chosen}) != len(chosen):
+        raise LoaderxValueError(f"columns names a column twice: {list(columns)!r}")
+    return chosen
+
+
+def _open_store(root: str, col: Column, rows: int, verify_reads: bool) -> Dataset:
+    store = os.path.join(root, col.store)
+    if os.path.islink(store) or not os.path.isdir(store):
+        raise CorruptStoreError(f"{store}: the store of column {col.name!r} is missing (or is "
+                                "a link); the dataset directory is incomplete")
+    cls = DenseDataset if col.kind == "dense" else RaggedDataset
+    try:
+        ds = cls(store, verify_reads=verify_reads)
+    except DatasetError as e:
+        raise CorruptStoreError(f"column {col.name!r}: {e}") from None
+    if (ds.dtype, ds.item_shape) != (col.dtype, col.item_shape) or len(ds) != rows:
+        found = f"{len(ds)} {ds.dtype.str}{ds.item_shape} records"
+        ds.close()
+        raise CorruptStoreError(f"{store}: column {col.name!r} holds {found}; the manifest "
+                                f"says {rows} {col.dtype.str}{col.item_shape}")
+    return ds
+
+
+def decode_strings(records: Any) -> Any:
+    """The text of a string column's records: one ``uint8`` array (or bytes) gives a ``str``,
+    a list of them a list of ``str`` (a batch of a string column, as the DataLoader gives it).
+    The bytes are the column's UTF-8 exactly as written, so this never fails on data a
+    converter wrote."""
+    if isinstance(records, (bytes, bytearray, memoryview, np.ndarray)):
+        return _decode_one(records)
+    return [_decode_one(r) for r in records]
+
+
+def _decode_one(rec: Any) -> str:
+    raw = rec.tobytes() if isinstance(rec, np.ndarray) else bytes(rec)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CorruptStoreError(f"a string record is not valid UTF-8 ({e}); the store was "
+                                "altered after conversion (run `loaderx verify` on it)") from None
+
+
+# -- writing -------------------------------------------------------------------------------------
+
+
+class RaggedBatch(NamedTuple):
+    """Records of a ragged column in the layout Arrow uses: ``values`` holds the rows of all
+    records one after another (shape ``(m, *item_shape)``), record ``i`` is
+    ``values[bounds[i]:bounds[i + 1]]`` (``bounds``: ``n + 1`` non-decreasing integers, the
+    first need not be 0)."""
+
+    values: np.ndarray
+    bounds: np.ndarray
+
+
+def store_name(name: str, index: int, taken: Iterable[str]) -> str:
+    """The directory name of column ``name`` (the ``index``-th), given the names ``taken`` by
+    earlier columns (see the module docstring)."""
+    lowered = {t.lower() for t in taken}
+    if _SAFE_NAME.match(name) and name not in _RESERVED_NAMES and name.lower() not in lowered:
+        return name
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name.encode("ascii", "ignore").decode())[:40]
+    return f"_{index}_{safe}"
+
+
+@dataclass
+class _ColumnWriter:
+    column: Column
+    codec: Codec
+    row_bytes: int  # bytes of one dense record, or of one row of a ragged record
+    dict_size: int | None
+    store: Zrecord | None = None
+
+
+class DirectoryWriter:
+    """Writes a dataset directory at ``dst`` as one transaction (see the module docstring)::
+
+        with DirectoryWriter(dst) as w:
+            w.add_column("label", "dense", np.int64)
+            w.add_column("text", "ragged", np.uint8, extra={"string": True})
+            w.append({"label": np.array([1, 2]), "text": [b"ab", b"c"]})
+        # dst is complete here, or absent (or the old dataset) if anything failed
+
+    ``overwrite=True`` replaces a dataset directory or a loaderx store already at ``dst``
+    (nothing else: a directory of other files is refused); without it an existing ``dst``
+    is refused before any work. ``codec`` is the default of :meth:`add_column`;
+    ``checksums=True`` keeps a checksum of every record (``loaderx verify``); ``extra`` is the
+    directory's extra keys. ``rows_per_part`` (default and at most 2**24, the records one
+    store holds) starts a new part when a part is full, so any number of rows fits.
+
+    Leaving the ``with`` normally commits (:meth:`commit`); an exception aborts
+    (:meth:`abort`), as does a writer that is garbage collected uncommitted."""
+
+    def __init__(self, dst: str | os.PathLike[str], *, overwrite: bool = False,
+                 codec: Codec = "zstd", checksums: bool = False,
+                 extra: Mapping[str, Any] | None = None,
+                 rows_per_part: int | None = None) -> None:
+        self.dst = os.path.abspath(os.fspath(dst))
+        self.codec: Codec = _store_codec(codec)
+        self.checksums = bool(checksums)
+        self.extra = dict(extra or {})
+        limit = MAX_RECORDS if rows_per_part is None else rows_per_part
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_RECORDS:
+            raise LoaderxValueError(f"rows_per_part must be an int in 1..{MAX_RECORDS}, got "
+                                    f"{rows_per_part!r}")
+        self.rows_per_part = limit
+        self.overwrite = bool(overwrite)
+        self._writers: list[_ColumnWriter] = []
+        self._part_rows: list[int] = []  # rows of each part, the last one being written
+        self._state = "open"  # open -> writing -> committed | aborted
+        self._stack = contextlib.ExitStack()
+        staging.remove_stale(self.dst)
+        self._old = self._check_destination()
+        try:
+            self._staging = self._stack.enter_context(staging.private_dir(self.dst, "intake"))
+        except BaseException:
+            self._release_old()
+            raise
+
+    # -- the destination ---------------------------------------------------------------------
+
+    def _check_destination(self) -> list[Zrecord]:
+        """Refuses a destination we may not write; with ``overwrite=True`` returns the stores
+        of the dataset being replaced, each held under its writer lock (so nobody appends to
+        what is about to vanish, and its readers learn of the replacement)."""
+        dst = self.dst
+        if not os.path.lexists(dst):
+            return []
+        if os.path.islink(dst):
+            raise DatasetError(f"{dst} is a symbolic link; write to its target "
+                               f"({os.path.realpath(dst)}) or remove the link")
+        if not os.path.isdir(dst):
+            raise DatasetError(f"{dst} exists and is not a directory; choose another path")
+        if not os.listdir(dst):
+            if staging.is_mount_point(dst):
+                raise DatasetError(f"{dst} is a mount point, which cannot be renamed onto; "
+                                   "write the dataset directory into a new directory inside it")
+            return []
+        known = is_dataset_directory(dst) or _schema.is_store(dst)
+        if not self.overwrite:
+            what = "a dataset" if known else "a non-empty directory that is not a dataset"
+            raise DatasetError(f"{dst} already holds {what}; pass overwrite=True to replace "
+                               "it, or choose another path" if known else
+                               f"{dst} is {what}; refusing to write into it")
+        if not known:
+            raise DatasetError(f"{dst} is a non-empty directory that is not a loaderx dataset; "
+                               "overwrite=True replaces only datasets: remove it yourself")
+        if staging.is_mount_point(dst):
+            raise DatasetError(f"{dst} is a mount point: it cannot be swapped for a new "
+                               "dataset; remove its files first, or choose another path")
+        return _lock_stores(dst)
+
+    def _release_old(self) -> None:
+        for z in self._old:
+            with contextlib.suppress(Exception):
+                z.close()
+        self._old = []
+
+    # -- columns -----------------------------------------------------------------------------
+
+    def add_column(self, name: str, kind: str, dtype: Any, item_shape: Sequence[int] = (), *,
+                   codec: Codec | None = None, extra: Mapping[str, Any] | None = None,
+                   dict_size: int | None = None) -> None:
+        """Declares column ``name``: ``kind`` ``"dense"`` (records of shape ``item_shape``)
+        or ``"ragged"`` (records of shape ``(n_i, *item_shape)``), of ``dtype``. All columns
+        are declared before the first :meth:`append`. ``extra`` goes into the manifest
+        (:meth:`set_extra` changes it until the commit); ``codec`` defaults to the writer's;
+        ``dict_size`` caps a ``zstd_dict`` dictionary, trained on the first batch."""
+        self._check_state("open", "add_column")
+        if not isinstance(name, str):
+            raise LoaderxTypeError(f"a column name must be a str, got {name!r}")
+        if any(w.column.name == name for w in self._writers):
+            raise DatasetError(f"column {name!r} is declared twice; column names must be "
+                               "unique (rename one)")
+        if len(self._writers) >= MAX_COLUMNS:
+            raise LimitExceededError(f"more than {MAX_COLUMNS} columns; choose fewer")
+        if kind not in _schema.KINDS:
+            raise LoaderxValueError(f"column {name!r}: kind must be 'dense' or 'ragged', got "
+                                    f"{kind!r}")
+        dt = _schema.check_dtype(dtype, f"column {name!r}")
+        if isinstance(item_shape, (int, np.integer)):
+            item_shape = (int(item_shape),)
+        shape = tuple(int(d) for d in item_shape)
+        if any(d < 0 for d in shape) or len(shape) > _schema.MAX_ITEM_DIMS:
+            raise LoaderxValueError(f"column {name!r}: item_shape {shape} is not a shape")
+        row_bytes = math.prod(shape) * dt.itemsize
+        if row_bytes > MAX_RECORD_BYTES:
+            what = "record" if kind == "dense" else "row of a record"
+            raise LimitExceededError(f"column {name!r}: one {what} of {dt.str}{shape} is "
+                                     f"{row_bytes} bytes, over the {MAX_RECORD_BYTES}-byte "
+                                     "record limit")
+        chosen = self.codec if codec is None else _store_codec(codec)
+        if kind == "dense" and row_bytes <= RAW_RECORD_BYTES:
+            chosen = "raw"
+        store = store_name(name, len(self._writers), (w.column.store for w in self._writers))
+        column = Column(name, store, kind, dt, shape, chosen, dict(extra or {}))
+        Manifest(0, (column,)).to_bytes()  # extra that cannot be written fails here, not later
+        self._writers.append(_ColumnWriter(column, chosen, row_bytes, dict_size))
+
+    def set_extra(self, name: str, extra: Mapping[str, Any]) -> None:
+        """Replaces the manifest's extra keys of column ``name`` (e.g. label class names
+        found while writing); allowed until the commit."""
+        self._check_state(("open", "writing"), "set_extra")
+        for w in self._writers:
+            if w.column.name == name:
+                col = w.column
+                w.column = Column(col.name, col.store, col.kind, col.dtype, col.item_shape,
+                                  col.codec, dict(extra))
+                Manifest(0, (w.column,)).to_bytes()
+                return
+        raise DatasetError(f"no column {name!r} was declared")
+
+    @property
+    def columns(self) -> list[Column]:
+        """The columns declared so far, in order."""
+        return [w.column for w in self._writers]
+
+    @property
+    def rows(self) -> int:
+        """Rows appended so far (every column has them)."""
+        return sum(self._part_rows)
+
+    # -- rows --------------------------------------------------------------------------------
+
+    def append(self, batch: Mapping[str, _DATA]) -> int:
+        """Appends one batch of rows to every column and returns the row count so far.
+
+        ``batch`` maps every declared column to its records: for a dense column an array of
+        shape ``(n, *item_shape)`` and exactly the column's dtype (nothing is cast); for a
+        ragged column a :class:`RaggedBatch`, or a sequence of arrays ``(n_i, *item_shape)``
+        or bytes-like objects (``uint8`` columns). Every column gets the same ``n``. All of it
+        is checked before anything is written, so a refused batch (DatasetError,
+        LimitExceededError) writes nothing; a failure while writing leaves the writer unusable
+        (the transaction is then aborted)."""
+        self._check_state(("open", "writing"), "append")
+        if not self._writers:
+            raise DatasetError("append before any add_column: declare the columns first")
+        if not isinstance(batch, Mapping):
+            raise LoaderxTypeError(f"append takes a dict of column -> records, got "
+                                   f"{type(batch).__name__}")
+        names = {w.column.name for w in self._writers}
+        unknown = [k for k in batch if k not in names]
+        missing = [n for n in names if n not in batch]
+        if unknown or missing:
+            raise DatasetError("a batch must hold every column and no other: "
+                               + "; ".join(filter(None, [
+                                   f"missing {missing!r}" if missing else "",
+                                   f"unknown {unknown!r}" if unknown else ""])))
+        prepared = [_prepare(w, batch[w.column.name]) for w in self._writers]
+        counts = {w.column.name: len(bounds) - 1
+                  for w, (_, bounds) in zip(self._writers, prepared, strict=True)}
+        if len(set(counts.values())) > 1:
+            raise DatasetError(f"the columns of a batch must have one row count, got {counts}")
+        n = next(iter(counts.values()))
+        first = self._state == "open"
+        self._state = "broken"  # until the appends below are all done
+        if first:
+            self._new_part()
+        done = 0
+        while done < n:
+            space = self.rows_per_part - self._part_rows[-1]
+            if space == 0:
+                self._close_part()
+                self._new_part()
+                space = self.rows_per_part
+            take = min(space, n - done)
+            for w, (blob, starts) in zip(self._writers, prepared, strict=True):
+                _append_slice(w, blob, starts, done, take)
+            self._part_rows[-1] += take
+            done += take
+        self._state = "writing"
+        return self.rows
+
+    # -- parts -------------------------------------------------------------------------------
+
+    def _part_dir(self, k: int) -> str:
+        return os.path.join(self._staging, PARTS_DIR, f"{k:05d}")
+
+    def _new_part(self) -> None:
+        if len(self._part_rows) >= MAX_PARTS:
+            raise LimitExceededError(f"more than {MAX_PARTS} parts of {self.rows_per_part} "
+                                     "rows; write fewer rows")
+        part = self._part_dir(len(self._part_rows))
+        os.makedirs(part)
+        for w in self._writers:
+            col = w.column
+            path = os.path.join(part, col.store)
+            w.store = Zrecord(path, codec=w.codec)
+            # Written before any record: a store with records always says what they are.
+            _schema.write(path, _schema.Schema(col.kind, col.dtype, col.item_shape, w.codec,
+                                               {"column": col.name}))
+            if self.checksums:
+                w.store.enable_checksums()
+        self._part_rows.append(0)
+
+    def _close_part(self) -> None:
+        """Syncs and closes the stores of the part being written and writes its manifest."""
+        part = self._part_dir(len(self._part_rows) - 1)
+        for w in self._writers:
+            assert w.store is not None
+            w.store.sync()
+            if len(w.store) != self._part_rows[-1]:  # a bug, not bad input
+                raise InternalError(f"column {w.column.name!r} has {len(w.store)} rows in "
+                                    f"{part}, the others {self._part_rows[-1]}")
+            w.store.close()
+            w.store = None
+        _native.replace_file(part, MANIFEST_FILE, Manifest(
+            self._part_rows[-1], tuple(self.columns), (), self.extra).to_bytes())
+        staging.fsync_dir(part)
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def commit(self) -> int:
+        """Makes everything durable and puts the dataset directory at ``dst`` atomically;
+        returns its row count. Columns declared but never appended to get zero rows."""
+        self._check_state(("open", "writing"), "commit")
+        try:
+            if self._state == "open":
+                self._new_part()
+            self._state = "broken"
+            Manifest(0, tuple(self.columns), (), self.extra).to_bytes()  # fails before syncing
+            self._close_part()
+            root = self._staging
+            parts_root = os.path.join(root, PARTS_DIR)
+            if len(self._part_rows) == 1:
+                # One part: its stores become the directory's own.
+                only = self._part_dir(0)
+                for w in self._writers:
+                    store = w.column.store
+                    os.rename(os.path.join(only, store), os.path.join(root, store))
+                os.unlink(os.path.join(only, MANIFEST_FILE))
+                os.rmdir(only)
+                os.rmdir(parts_root)
+                manifest = Manifest(self._part_rows[0], tuple(self.columns), (), self.extra)
+            else:
+                staging.fsync_dir(parts_root)
+                manifest = Manifest(self.rows, tuple(self.columns), tuple(
+                    Part(f"{PARTS_DIR}/{k:05d}", r) for k, r in enumerate(self._part_rows)),
+                    self.extra)
+            # The manifest last: with it the directory is complete.
+            _native.replace_file(root, MANIFEST_FILE, manifest.to_bytes())
+            self._publish()
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "committed"
+        self._finish()
+        return manifest.rows
+
+    def _publish(self) -> None:
+        old = self._old
+        try:
+            if old:
+                def retire_old() -> None:
+                    for z in old:  # their readers learn that the dataset was replaced
+                        z._retire()
+
+                staging.replace(self._staging, self.dst, swapped=retire_old)
+            else:
+                staging.publish(self._staging, self.dst)
+        except OSError as e:
+            if e.errno == errno.EBUSY:
+                raise DatasetError(f"{self.dst} cannot be replaced ({e.strerror}): it is a "
+                                   "mount point or in use; nothing was changed there") from None
+            raise
+
+    def abort(self) -> None:
+        """Gives up: removes everything written; ``dst`` is left as it was."""
+        if self._state in ("committed", "aborted"):
+            return
+        for w in self._writers:
+            if w.store is not None:
+                with contextlib.suppress(Exception):
+                    w.store.close()
+                w.store = None
+        self._state = "aborted"
+        self._finish()
+
+    def _finish(self) -> None:
+        try:
+            self._release_old()
+        finally:
+            self._stack.close()  # removes the staging directory unless it was published
+
+    def _check_state(self, allowed: str | tuple[str, ...], what: str) -> None:
+        if self._state in ((allowed,) if isinstance(allowed, str) else allowed):
+            return
+        if self._state in ("committed", "aborted"):
+            raise StoreClosedError(f"{what}: the writer of {self.dst} was already "
+                                   f"{self._state}")
+        if self._state == "broken":
+            raise DatasetError(f"{what}: an earlier write to {self.dst} failed; the writer "
+                               "cannot continue (abort it and start again)")
+        raise DatasetError(f"{what} after the first append: declare every column before "
+                           "appending rows")
+
+    def __enter__(self) -> DirectoryWriter:
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None:
+            self.abort()
+        elif self._state not in ("committed", "aborted"):
+            self.commit()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.abort()
+
+
+def _lock_stores(dst: str) -> list[Zrecord]:
+    """Every store of the dataset (or the single store) at ``dst``, write-locked."""
+    paths = [dst] if _schema.is_store(dst) else list(_store_paths(dst))
+    held: list[Zrecord] = []
+    try:
+        for p in paths:
+            z = Zrecord(p)
+            held.append(z)
+            z.lock_for_writing()
+    except BaseException:
+        for z in held:
+            with contextlib.suppress(Exception):
+                z.close()
+        raise
+    return held
+
+
+def _store_paths(root: str) -> Iterator[str]:
+    """The store directories a dataset directory's manifest names (recursively into parts);
+    a manifest that cannot be read names none (the directory is still replaced)."""
+    try:
+        manifest = read_manifest(root)
+    except (DatasetError, CorruptStoreError):
+        return
+    for col in manifest.columns:
+        if not manifest.parts and _schema.is_store(os.path.join(root, col.store)):
+            yield os.path.join(root, col.store)
+    for part in manifest.parts:
+        yield from _store_paths(os.path.join(root, *part.path.split("/")))
+
+
+def _prepare(w: _ColumnWriter, data: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``data`` of column ``w`` as ``(bytes as uint8, n + 1 byte bounds)``, checked."""
+    col = w.column
+    if col.kind == "dense":
+        arr = data if isinstance(data, np.ndarray) else np.asarray(data)
+        if arr.dtype != col.dtype or tuple(arr.shape[1:]) != col.item_shape or arr.ndim == 0:
+            raise DatasetError(f"column {col.name!r} takes {col.dtype.str} records of shape "
+                               f"{col.item_shape}, got an array {arr.dtype.str}{arr.shape}")
+        n = int(arr.shape[0])
+        blob = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        return blob, np.arange(n + 1, dtype=np.uint64) * np.uint64(w.row_bytes)
+    if isinstance(data, RaggedBatch):
+        values = np.ascontiguousarray(data.values)
+        if values.dtype != col.dtype or tuple(values.shape[1:]) != col.item_shape or \
+                values.ndim == 0:
+            raise DatasetError(f"column {col.name!r} takes {col.dtype.str} rows of shape "
+                               f"{col.item_shape}, got values {values.dtype.str}{values.shape}")
+        bounds = np.asarray(data.bounds)
+        if bounds.ndim != 1 or len(bounds) == 0 or bounds.dtype.kind not in "iu":
+            raise DatasetError(f"column {col.name!r}: bounds must be n + 1 integers")
+        b = bounds.astype(np.int64)
+        if (np.diff(b) < 0).any() or b[0] < 0 or b[-1] > len(values):
+            raise DatasetError(f"column {col.name!r}: bounds must be non-decreasing and within "
+                               f"the {len(values)} rows of values")
+        blob = values[b[0]:b[-1]].reshape(-1).view(np.uint8)
+        byte_bounds = ((b - b[0]) * w.row_bytes).astype(np.uint64)
+    else:
+        if isinstance(data, (str, bytes, bytearray, memoryview, np.ndarray)):
+            raise DatasetError(f"column {col.name!r} is ragged: give a list of records or a "
+                               f"RaggedBatch, not one {type(data).__name__}")
+        recs = [_ragged_record(col, r) for r in data]
+        sizes = np.fromiter((r.nbytes for r in recs), dtype=np.uint64, count=len(recs))
+        byte_bounds = np.zeros(len(recs) + 1, dtype=np.uint64)
+        np.cumsum(sizes, out=byte_bounds[1:])
+        blob = (np.concatenate([r.reshape(-1).view(np.uint8) for r in recs]) if recs
+                else np.empty(0, np.uint8))
+    sizes = np.diff(byte_bounds)
+    if len(sizes) and int(sizes.max()) > MAX_RECORD_BYTES:
+        row = int(np.argmax(sizes))
+        raise LimitExceededError(f"column {col.name!r}: a record of {int(sizes[row])} bytes "
+                                 f"(row {row} of the batch), over the {MAX_RECORD_BYTES}-byte "
+                                 "record limit")
+    return blob, byte_bounds
+
+
+def _ragged_record(col: Column, item: Any) -> np.ndarray:
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        rec = np.frombuffer(item, dtype=np.uint8)
+    elif isinstance(item, np.ndarray):
+        rec = np.ascontiguousarray(item)
+    else:
+        raise DatasetError(f"column {col.name!r}: a ragged record must be an array or "
+                           f"bytes-like, got {type(item).__name__}")
+    if rec.dtype != col.dtype or rec.ndim == 0 or tuple(rec.shape[1:]) != col.item_shape:
+        raise DatasetError(f"column {col.name!r} takes {col.dtype.str} records of shape "
+                           f"(n, {', '.join(map(str, col.item_shape))}), got "
+                           f"{rec.dtype.str}{rec.shape}".replace(", )", ")"))
+    return rec
+
+
+def _append_slice(w: _ColumnWriter, blob: np.ndarray, bounds: np.ndarray, start: int,
+                  count: int) -> None:
+    """Appends records ``start : start + count`` of a prepared column batch."""
+    assert w.store is not None
+    lo, hi = int(bounds[start]), int(bounds[start + count])
+    offsets = bounds[start:start + count] - np.uint64(lo)
+    if w.codec == "zstd_dict" and not w.store.has_dict():
+        _train_dict(w, blob[lo:hi], np.diff(bounds[start:start + count + 1]))
+    if count:
+        w.store.append(blob[lo:hi], offsets)
+
+
+#: zstd's own default dictionary size, the most an automatically sized one gets.
+_MAX_AUTO_DICT = 112_640
+
+
+def _train_dict(w: _ColumnWriter, blob: np.ndarray, sizes: np.ndarray) -> None:
+    """Trains column ``w``'s dictionary on its first records (as the converters do)."""
+    assert w.store is not None
+    keep = sizes > 0
+    total = int(sizes.sum())
+    auto = min(_MAX_AUTO_DICT, max(1024, total // 50))
+    target = auto if w.dict_size is None else min(auto, w.dict_size)
+    try:
+        w.store.train_dict(blob, sizes[keep].astype(np.uint64), max(target, 256))
+    except Exception as e:
+        raise LoaderxValueError(
+            f"column {w.column.name!r}: cannot train a zstd dictionary on {int(keep.sum())} "
+            f"records ({total} bytes): {e}; a dictionary needs many records -- use "
+            "codec='zstd' for small data") from e
