@@ -639,3 +639,20 @@ def test_prefetch_names_the_records_of_the_rows(tmp_path, monkeypatch):
     assert sorted(asked[0].tolist()) == sorted(set(records.tolist()))
     assert view.prefetch([len(view)]) is False
     assert isinstance(view.recently_cold, bool)
+
+
+def _rows_in_child(view, rows):
+    seg, pos = view.segments(rows)
+    return view[rows], seg, pos
+
+
+def test_a_spawned_worker_process_reads_the_same_rows(tmp_path):
+    import multiprocessing
+
+    view = pack(_corpus(tmp_path, FF_LENGTHS, max_record_bytes=64), 16, method="first_fit",
+                eos_id=EOS, seed=3)
+    rows = [0, len(view) - 1, 2]
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        got = pool.apply(_rows_in_child, (view, rows))
+    for x, y in zip(got, _rows_in_child(view, rows), strict=True):
+        assert np.array_equal(x, y)
