@@ -151,7 +151,8 @@ def _piece_rows(parts: list[RaggedDataset]) -> int:
 
 
 class _Documents(NamedTuple):
-    """The documents of a view: each one's tokens and (pieces only) first view record."""
+    """The documents of a view: each one's tokens and (pieces only) first view record (the
+    lengths are dropped once the plan is made)."""
 
     lengths: np.ndarray
     first_record: np.ndarray | None
@@ -218,7 +219,8 @@ def _documents(layout: _Layout, lengths: np.ndarray, piece_rows: int) -> _Docume
     first[0:1] = 0
     first[1:] = ends[:-1] + 1
     doc_lengths = (ends - first) * piece_rows + lengths[ends].astype(np.int64)
-    return _Documents(doc_lengths, first, piece_rows)
+    small = first.astype(np.uint32) if n < (1 << 32) else first  # 4 bytes a document
+    return _Documents(doc_lengths, small, piece_rows)
 
 
 def _check_document_starts(layout: _Layout, continued: np.ndarray, part: np.ndarray,
@@ -307,6 +309,9 @@ class PackedDataset:
                     f"{', its end token counted' if eos else ''}); pass truncate=True to "
                     "cut them, or a larger seq_len")
             self._plan = plan
+        # The lengths went into the plan; only the document count and the pieces stay.
+        self._document_count = len(documents.lengths)
+        self._documents = documents._replace(lengths=np.empty(0, dtype=np.int64))
         self._cache = _Cache()
         self._aranges: dict[int, np.ndarray] = {}
         self._gather_parts = all(hasattr(p.store._native, "gather_parts")
@@ -338,7 +343,7 @@ class PackedDataset:
     @property
     def documents(self) -> int:
         """How many documents the view packs."""
-        return len(self._documents.lengths)
+        return self._document_count
 
     @property
     def truncated(self) -> int:
@@ -358,8 +363,8 @@ class PackedDataset:
     @property
     def plan_bytes(self) -> int:
         """Memory the row plan and the document table keep."""
-        extra = 0 if self._documents.first_record is None else \
-            self._documents.first_record.nbytes + self._documents.lengths.nbytes
+        first = self._documents.first_record
+        extra = 0 if first is None else first.nbytes
         return self._plan.nbytes + extra
 
     # -- the dense-source protocol (loaderx.source) --------------------------------------------
