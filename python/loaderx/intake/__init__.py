@@ -23,8 +23,9 @@ from loaderx.intake.directory import (
     open_dataset,
     read_manifest,
 )
+from loaderx.intake.tables import from_arrow
 
 __all__ = [
     "Column", "DirectoryWriter", "Manifest", "RaggedBatch", "decode_strings",
-    "is_dataset_directory", "open_dataset", "read_manifest",
+    "from_arrow", "is_dataset_directory", "open_dataset", "read_manifest",
 ]
