@@ -13,6 +13,9 @@ public names are importable from here::
 * :mod:`loaderx.dataloader` -- :class:`DataLoader`, the endless step-based loader;
   :mod:`loaderx.sampler` -- :class:`Sampler` and :class:`Mode`, batch indices as a pure
   function of (seed, step).
+* :mod:`loaderx.intake` -- bringing data in: :func:`from_arrow` (Arrow tables of any library,
+  Parquet files) writes a dataset directory (a store per column), :func:`open_dataset` opens
+  it as ``{column: dataset}``.
 * :mod:`loaderx.packing` -- :func:`pack`: token documents as fixed-length rows (packed
   sequences with segment ids and positions) for language models.
 * :mod:`loaderx.zrecord` -- :class:`Zrecord`, the raw byte-record store underneath.
@@ -51,6 +54,7 @@ from loaderx.frameworks import (  # each imports torch or JAX only when called
     to_torch,
     torch_batches,
 )
+from loaderx.intake import decode_strings, from_arrow, open_dataset
 from loaderx.packing import PackedDataset, pack
 from loaderx.prefetch import Prefetcher
 from loaderx.sampler import Mode, Sampler
@@ -65,4 +69,5 @@ __all__ = [
     "pad_collate", "prefetch_to_device", "prefetch_to_torch", "set_num_threads",
     "single_process", "split", "to_torch", "torch_batches", "torch_process_shard",
     "__version__",
+    "decode_strings", "from_arrow", "open_dataset",  # loaderx.intake
 ]
