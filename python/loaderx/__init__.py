@@ -14,8 +14,9 @@ public names are importable from here::
   :mod:`loaderx.sampler` -- :class:`Sampler` and :class:`Mode`, batch indices as a pure
   function of (seed, step).
 * :mod:`loaderx.intake` -- bringing data in: :func:`from_arrow` (Arrow tables of any library,
-  Parquet files) writes a dataset directory (a store per column), :func:`open_dataset` opens
-  it as ``{column: dataset}``.
+  Parquet files), :func:`from_image_folder` and :func:`from_webdataset` (image folders, tar
+  shards) write a dataset directory (a store per column), :func:`open_dataset` opens it as
+  ``{column: dataset}``.
 * :mod:`loaderx.packing` -- :func:`pack`: token documents as fixed-length rows (packed
   sequences with segment ids and positions) for language models.
 * :mod:`loaderx.zrecord` -- :class:`Zrecord`, the raw byte-record store underneath.
@@ -54,7 +55,13 @@ from loaderx.frameworks import (  # each imports torch or JAX only when called
     to_torch,
     torch_batches,
 )
-from loaderx.intake import decode_strings, from_arrow, open_dataset
+from loaderx.intake import (
+    decode_strings,
+    from_arrow,
+    from_image_folder,
+    from_webdataset,
+    open_dataset,
+)
 from loaderx.packing import PackedDataset, pack
 from loaderx.prefetch import Prefetcher
 from loaderx.sampler import Mode, Sampler
@@ -70,4 +77,5 @@ __all__ = [
     "single_process", "split", "to_torch", "torch_batches", "torch_process_shard",
     "__version__",
     "decode_strings", "from_arrow", "open_dataset",  # loaderx.intake
+    "from_image_folder", "from_webdataset",
 ]

@@ -6,6 +6,9 @@ they write (one loaderx store per column plus a manifest; see :mod:`loaderx.inta
   :func:`decode_strings` gives a string column's text back.
 * :func:`from_arrow` (:mod:`loaderx.intake.tables`) -- anything that speaks Arrow (pyarrow,
   polars, DuckDB, pandas, Hugging Face ``datasets``) and Parquet files or globs.
+* :func:`from_image_folder` and :func:`from_webdataset` (:mod:`loaderx.intake.files`) --
+  folders of images (a folder per class) and WebDataset tar shards, the files' bytes kept;
+  :func:`export_image_folder` and :func:`export_webdataset` write them back.
 * :class:`DirectoryWriter` -- the transaction every converter writes through.
 
 pyarrow is imported only when a table is converted.
@@ -23,9 +26,16 @@ from loaderx.intake.directory import (
     open_dataset,
     read_manifest,
 )
+from loaderx.intake.files import (
+    export_image_folder,
+    export_webdataset,
+    from_image_folder,
+    from_webdataset,
+)
 from loaderx.intake.tables import from_arrow
 
 __all__ = [
     "Column", "DirectoryWriter", "Manifest", "RaggedBatch", "decode_strings",
     "from_arrow", "is_dataset_directory", "open_dataset", "read_manifest",
+    "export_image_folder", "export_webdataset", "from_image_folder", "from_webdataset",
 ]

@@ -250,8 +250,11 @@ def read_image(folder: Folder, d: ImageDir, name: str) -> bytes | str:
             raise _too_big(folder.root, rel, st.st_size)
         parts: list[bytes] = []
         got = 0
-        while got <= MAX_RECORD_BYTES:  # bounded even if the file grows while it is read
-            piece = os.read(fd, MAX_RECORD_BYTES + 1 - got)
+        # Asking for one byte past the size sees a file that grew; the limit bounds the rest.
+        want = st.st_size + 1
+        while got <= MAX_RECORD_BYTES:
+            piece = os.read(fd, min(want, MAX_RECORD_BYTES + 1 - got))
+            want = 64 << 10
             if not piece:
                 break
             parts.append(piece)

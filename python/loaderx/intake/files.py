@@ -154,7 +154,8 @@ def _warn_skipped(source: str, count: int, what: str) -> None:
 def _image_batches(folder: Folder,
                    n_workers: int) -> Iterator[tuple[list[bytes], list[int], list[bytes]]]:
     """The folder's images in order, read by ``n_workers`` threads, as batches of (bytes,
-    labels, relative paths). At most a few reads per thread are in flight."""
+    labels, relative paths). Each task reads a run of one folder's files (one hand-over
+    between threads per run, not per file); at most a few runs per thread are in flight."""
     window: collections.deque[_Read] = collections.deque()
     opened: list[ImageDir] = []
     dirs = folder.dirs()
@@ -164,9 +165,10 @@ def _image_batches(folder: Folder,
         try:
             for d in dirs:
                 opened.append(d)
-                for i, name in enumerate(d.names):
-                    future = pool.submit(read_image, folder, d, name)
-                    window.append((future, d, name, i == len(d.names) - 1))
+                for at in range(0, len(d.names), _RUN_FILES):
+                    names = d.names[at:at + _RUN_FILES]
+                    future = pool.submit(_read_run, folder, d, names)
+                    window.append((future, d, names, at + _RUN_FILES >= len(d.names)))
                     if len(window) < limit:
                         continue
                     while len(window) > limit // 2:
@@ -190,7 +192,14 @@ def _image_batches(folder: Folder,
                     d.close()
 
 
-_Read = tuple["cf.Future[bytes | str]", ImageDir, str, bool]  # a read, its folder, name, last
+#: Files of one folder read by one task.
+_RUN_FILES = 32
+# A run being read, its folder, its file names, and whether it is the folder's last.
+_Read = tuple["cf.Future[list[bytes | str]]", ImageDir, list[str], bool]
+
+
+def _read_run(folder: Folder, d: ImageDir, names: list[str]) -> list[bytes | str]:
+    return [read_image(folder, d, name) for name in names]
 
 
 class _ImageBatch:
@@ -206,20 +215,21 @@ class _ImageBatch:
         return self.held >= _BATCH_BYTES or len(self.labels) >= _BATCH_ROWS
 
     def take(self, read: _Read, report: FolderReport, opened: list[ImageDir]) -> None:
-        """Adds a finished read (an image, or a file to skip) to the batch."""
-        future, d, name, last = read
-        result = future.result()
-        rel = d.rel + os.fsencode(name)
-        if last:  # the folder's last file: its descriptor is no longer needed
+        """Adds a finished run of reads (images, or files to skip) to the batch."""
+        future, d, names, last = read
+        results = future.result()
+        if last:  # the folder's last run: its descriptor is no longer needed
             opened.remove(d)
             d.close()
-        if isinstance(result, str):
-            report.skip(result, rel)
-            return
-        self.images.append(result)
-        self.labels.append(d.label)
-        self.paths.append(rel)
-        self.held += len(result)
+        for name, result in zip(names, results, strict=True):
+            rel = d.rel + os.fsencode(name)
+            if isinstance(result, str):
+                report.skip(result, rel)
+                continue
+            self.images.append(result)
+            self.labels.append(d.label)
+            self.paths.append(rel)
+            self.held += len(result)
 
 
 def export_image_folder(src: str | os.PathLike[str], out_root: str | os.PathLike[str]) -> int:
