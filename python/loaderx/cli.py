@@ -166,6 +166,9 @@ def _row_stats(z: Any, s: Any) -> dict[str, float]:
 def cmd_convert(args: argparse.Namespace) -> int:
     from loaderx.converter import from_numpy
 
+    files = _files_source(args.input)
+    if files is not None:
+        return files(args)
     if not os.path.isfile(args.input):
         raise _UsageError(f"{args.input}: no such file")
     try:
@@ -178,11 +181,83 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise _UsageError(f"{args.out} already holds a dataset; pass --append to add these "
                           "records to it or --overwrite to replace it")
     progress = None if args.progress == "auto" else args.progress == "on"
+    args.codec = args.codec or "zstd"
     n = from_numpy(args.out, arr, codec=args.codec, chunk_bytes=args.chunk_bytes,
                    dict_size=args.dict_size, overwrite=args.overwrite,
                    append=True if args.append else None, progress=progress,
                    checksums=args.checksums)
     print(f"{args.out}: {n} records ({arr.dtype.str} {tuple(arr.shape[1:])}, {args.codec})")
+    return EXIT_OK
+
+
+# -- convert: image folders and WebDataset shards (loaderx.intake.files) -----------------------
+
+_SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2")
+
+
+def _files_source(given: str) -> Any:
+    """The converter of ``loaderx convert`` for an image folder (a directory that is not a
+    dataset) or WebDataset shards (a .tar path, glob or brace pattern); None for others."""
+    if os.path.isdir(given):
+        from loaderx.intake.directory import is_dataset_directory
+
+        if _schema.is_store(given) or is_dataset_directory(given):
+            raise _UsageError(f"{given} is already a loaderx dataset; convert takes a .npy "
+                              "file, an image folder or WebDataset shards")
+        return _convert_image_folder
+    if given.endswith(_SHARD_SUFFIXES):
+        return _convert_webdataset
+    return None
+
+
+def _files_options(args: argparse.Namespace, what: str) -> dict[str, Any]:
+    if args.append:
+        raise _UsageError(f"--append is not available for {what}: convert into a new "
+                          "directory (or --overwrite)")
+    return {"codec": args.codec or "raw", "overwrite": args.overwrite,
+            "checksums": args.checksums, "workers": args.workers,
+            "progress": None if args.progress == "auto" else args.progress == "on"}
+
+
+def _print_skipped(report: dict[str, Any]) -> None:
+    skipped = {k: n for k, n in report["skipped"].items() if n}
+    if skipped:
+        examples = report.get("skipped_examples", {})
+        print("skipped " + "; ".join(f"{n} {k} (e.g. {', '.join(examples.get(k, []))})"
+                                     for k, n in skipped.items())
+              + " (--strict refuses them)", file=sys.stderr)
+
+
+def _convert_image_folder(args: argparse.Namespace) -> int:
+    import warnings
+
+    from loaderx.intake.files import SkippedFilesWarning, from_image_folder
+
+    options = _files_options(args, "an image folder")
+    with warnings.catch_warnings():  # the skipped files are printed below, in one line
+        warnings.simplefilter("ignore", SkippedFilesWarning)
+        r = from_image_folder(args.out, args.input, strict=args.strict, **options)
+    empty = f", {len(r['empty_classes'])} without images" if r["empty_classes"] else ""
+    print(f"{args.out}: {r['rows']} images in {len(r['classes'])} classes{empty} "
+          f"({_size(r['bytes'])}; columns image, label, path)")
+    _print_skipped(r)
+    return EXIT_OK
+
+
+def _convert_webdataset(args: argparse.Namespace) -> int:
+    import warnings
+
+    from loaderx.intake.files import SkippedFilesWarning, from_webdataset
+
+    options = _files_options(args, "WebDataset shards")
+    extensions = args.extensions.split(",") if args.extensions else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SkippedFilesWarning)
+        r = from_webdataset(args.out, args.input, extensions=extensions, missing=args.missing,
+                            label=args.label, **options)
+    print(f"{args.out}: {r['rows']} samples from {len(r['shards'])} shard(s) "
+          f"({_size(r['bytes'])}; columns {', '.join(r['columns'])})")
+    _print_skipped(r)
     return EXIT_OK
 
 
@@ -329,11 +404,15 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(run=cmd_info)
 
-    conv = sub.add_parser("convert", help="write a .npy array as a dense dataset")
-    conv.add_argument("input", help="a .npy file (memory-mapped, never loaded whole)")
+    conv = sub.add_parser("convert", help="write a .npy array, an image folder or WebDataset "
+                                          "shards as a dataset")
+    conv.add_argument("input", help="a .npy file (memory-mapped, never loaded whole); an image "
+                      "folder (one folder per class); WebDataset shards (a .tar path, glob or "
+                      "brace pattern such as 'shards-{000..099}.tar', quoted)")
     conv.add_argument("out", help="the dataset directory (must not hold one, unless --append "
                       "or --overwrite)")
-    conv.add_argument("--codec", choices=CODECS, default="zstd")
+    conv.add_argument("--codec", choices=CODECS, default=None,
+                      help="default: zstd for arrays, raw for images and shards")
     conv.add_argument("--chunk-bytes", type=int, default=64 << 20)
     conv.add_argument("--dict-size", type=int, default=None)
     conv.add_argument("--checksums", action="store_true", help="keep a checksum per record")
@@ -343,6 +422,20 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     conv.add_argument("--progress", choices=["auto", "on", "off"], default="auto",
                       help="progress bar on stderr (tqdm's when installed; auto: when a terminal)")
+    files = conv.add_argument_group("image folders and WebDataset shards")
+    files.add_argument("--workers", type=int, default=None,
+                       help="threads reading files or shards (default: by the cores)")
+    files.add_argument("--strict", action="store_true",
+                       help="image folder: refuse links, non-images and other entries that "
+                       "would be skipped")
+    files.add_argument("--extensions", default=None, metavar="EXT,EXT",
+                       help="shards: the extensions to keep (default: the first sample's)")
+    files.add_argument("--missing", choices=["refuse", "empty"], default="refuse",
+                       help="shards: a sample lacking an extension is refused, or stored empty "
+                       "with a False in __present__")
+    files.add_argument("--label", default=None, metavar="EXT",
+                       help="shards: also write this extension's integers (e.g. cls) as the "
+                       "int64 column label")
     conv.set_defaults(run=cmd_convert)
 
     ver = sub.add_parser("verify", help="decode every record and check checksums")
