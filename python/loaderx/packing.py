@@ -432,7 +432,7 @@ class PackedDataset:
                 tokens.fill(self._pad)
             else:
                 tokens.reshape(-1, s)[rows.astype(np.int64)] = self._pad
-        self._read(parts, at, dst)
+        self._read(parts, at, dst, shards)
         if self._eos is not None:  # end-of-document tokens
             ended = parts.length > parts.content
             tokens[(at + parts.content)[ended]] = self._eos
@@ -530,8 +530,10 @@ class PackedDataset:
         record = self._documents.first_record[parts.doc[owner]] + piece
         return record, lo - piece * p, hi - lo, at[owner] + (lo - parts.doc_pos[owner])
 
-    def _read(self, parts: Parts, at: np.ndarray, dst: np.ndarray) -> None:
-        """Copies the document tokens of ``parts`` into ``dst`` at tokens ``at``."""
+    def _read(self, parts: Parts, at: np.ndarray, dst: np.ndarray,
+              shards: int | None = None) -> None:
+        """Copies the document tokens of ``parts`` into ``dst`` at tokens ``at``, in at most
+        ``shards`` parallel blocks."""
         record, first, count, to = self._record_parts(parts, at)
         if not len(record):
             return
@@ -553,7 +555,7 @@ class PackedDataset:
                 here = np.flatnonzero(part == k)
                 w = (local[here], first[here], count[here], to[here])
             if self._gather_parts:
-                store._native.gather_parts(w[0], w[1], w[2], dst, w[3])
+                store._native.gather_parts(w[0], w[1], w[2], dst, w[3], shards)
             else:
                 _copy_parts(store, *w, dst)
 

@@ -152,7 +152,10 @@ impl Zrecord {
     }
 
     /// Windows of records: bytes `starts[i] .. starts[i] + lens[i]` of record `idxs[i]` into
-    /// `dst` at `offsets[i]` (a compressed record decoded once per call).
+    /// `dst` at `offsets[i]` (a compressed record decoded once per call), split into at most
+    /// `max_shards` parallel blocks (all pool threads when not given).
+    #[pyo3(signature = (idxs, starts, lens, dst, offsets, max_shards=None))]
+    #[allow(clippy::too_many_arguments, reason = "the arrays of one call, as Python passes them")]
     fn gather_parts(
         &self,
         py: Python<'_>,
@@ -161,12 +164,14 @@ impl Zrecord {
         lens: PyBuffer<u64>,
         dst: PyBuffer<u8>,
         offsets: PyBuffer<u64>,
+        max_shards: Option<usize>,
     ) -> PyResult<()> {
         let store = self.get()?;
         let (idxs, starts, lens) = (idxs.to_vec(py)?, starts.to_vec(py)?, lens.to_vec(py)?);
         let offsets = offsets.to_vec(py)?;
         let dst = slice_mut(&dst, "destination")?;
-        detach(py, || store.gather_parts(&idxs, &starts, &lens, dst, &offsets)).py()
+        let shards = max_shards.unwrap_or(usize::MAX);
+        detach(py, || store.gather_parts_at_most(&idxs, &starts, &lens, dst, &offsets, shards)).py()
     }
 
     fn lengths_into(

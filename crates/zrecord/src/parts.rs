@@ -7,7 +7,7 @@ use crate::codec::Decoder;
 use crate::error::{Error, Result};
 use crate::format::{Codec, RecordLoc};
 use crate::gather::for_record;
-use crate::pool::run_sharded;
+use crate::pool::run_sharded_at_most;
 use crate::store::Store;
 
 /// One window to read: bytes `start .. start + dst.len()` of its record.
@@ -35,6 +35,21 @@ impl Store {
         lens: &[u64],
         dst: &mut [u8],
         dst_offsets: &[u64],
+    ) -> Result<()> {
+        self.gather_parts_at_most(indices, starts, lens, dst, dst_offsets, usize::MAX)
+    }
+
+    /// [`Store::gather_parts`] split into at most `max_shards` parallel blocks (1: on the
+    /// calling thread): a loader's workers, already running side by side, ask for few, and a
+    /// small batch is cheaper on one thread than handed to the pool.
+    pub fn gather_parts_at_most(
+        &self,
+        indices: &[u64],
+        starts: &[u64],
+        lens: &[u64],
+        dst: &mut [u8],
+        dst_offsets: &[u64],
+        max_shards: usize,
     ) -> Result<()> {
         let _guard = self.activity.shared("gather")?;
         let n = indices.len();
@@ -71,7 +86,7 @@ impl Store {
             let mut groups = group_by_record(indices, starts, &locs, pieces);
             let total: usize = groups.iter().map(|g| g.loc.logic_length as usize).sum();
             let sums = self.checked_reads();
-            run_sharded(&mut groups, total, |block: &mut [Group<'_>]| -> Result<()> {
+            run_sharded_at_most(&mut groups, total, max_shards, |block: &mut [Group<'_>]| {
                 let mut decoder = Decoder::new(self.dictionary());
                 let mut whole = Vec::new();
                 for g in block.iter_mut() {
