@@ -570,6 +570,11 @@ class DirectoryWriter:
         self._check_state("open", "add_column")
         if not isinstance(name, str):
             raise LoaderxTypeError(f"a column name must be a str, got {name!r}")
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise LoaderxValueError(f"column name {name!r} is not valid Unicode text (it holds "
+                                    "a lone surrogate); decode it properly first") from None
         if any(w.column.name == name for w in self._writers):
             raise DatasetError(f"column {name!r} is declared twice; column names must be "
                                "unique (rename one)")

@@ -308,7 +308,7 @@ def _parquet_source(pa: Any, files: list[str], chunk_bytes: int) -> _Source:
         except Exception as e:  # ArrowInvalid, OSError: not a Parquet file, or a damaged one
             raise CorruptStoreError(f"{f} is not a readable Parquet file: {e}") from None
         opened.append(pf)
-    declared = [pf.metadata.num_rows for pf in opened]
+    declared = [_check_footer(f, pf) for f, pf in zip(files, opened, strict=True)]
     if any(n < 0 for n in declared) or sum(declared) > MAX_RECORDS * MAX_PARTS:
         bad = next(f for f, n in zip(files, declared, strict=True)
                    if n < 0 or n > MAX_RECORDS * MAX_PARTS)
@@ -325,9 +325,7 @@ def _parquet_source(pa: Any, files: list[str], chunk_bytes: int) -> _Source:
     def batches(wanted: list[str]) -> Iterator[tuple[Any, str]]:
         for f, pf, want in zip(files, opened, declared, strict=True):
             got = 0
-            rows = _batch_rows(pf, chunk_bytes)
-            for batch in _read(pf.iter_batches(batch_size=rows, columns=wanted,
-                                               use_threads=True), f):
+            for batch in _read(_scan(pf, f, wanted, chunk_bytes), f):
                 got += batch.num_rows
                 if got > want:
                     raise CorruptStoreError(f"{f} holds more rows than the {want} its footer "
@@ -344,6 +342,45 @@ def _parquet_source(pa: Any, files: list[str], chunk_bytes: int) -> _Source:
             raise CorruptStoreError(f"read {seen['rows']} rows of {sum(declared)}")
 
     return _Source("parquet", schema, sum(declared), batches, check_end)
+
+
+def _check_footer(file: str, pf: Any) -> int:
+    """The rows ``file`` declares, after checking that its footer agrees with itself: the row
+    groups add up to the file's count, and a column that is not repeated has one value per
+    row of its row group (a repeated one at least one). A footer that contradicts itself
+    would make pyarrow read fewer rows than the pages hold, silently."""
+    md = pf.metadata
+    groups = [md.row_group(i) for i in range(md.num_row_groups)]
+    total = sum(g.num_rows for g in groups)
+    if total != md.num_rows:
+        raise CorruptStoreError(f"{file} declares {md.num_rows} rows, but its row groups "
+                                f"declare {total}: the file is damaged")
+    repeated = [md.schema.column(j).max_repetition_level > 0 for j in range(md.num_columns)]
+    for i, g in enumerate(groups):
+        for j in range(g.num_columns):
+            values = g.column(j).num_values
+            if values < g.num_rows or (values != g.num_rows and not repeated[j]):
+                raise CorruptStoreError(
+                    f"{file}: row group {i} declares {g.num_rows} rows, its column "
+                    f"{md.schema.column(j).path!r} {values} values: the file is damaged")
+    return int(md.num_rows)
+
+
+def _scan(pf: Any, file: str, wanted: list[str], chunk_bytes: int) -> Iterator[Any]:
+    """The record batches of one Parquet file: decoded on pyarrow's threads a few batches
+    ahead, column chunks read through a bounded buffer (not whole), so memory is bounded by the
+    batch size rather than by the file's row groups."""
+    pads = _pyarrow("pyarrow.dataset")
+    fmt = pads.ParquetFileFormat(default_fragment_scan_options=pads.ParquetFragmentScanOptions(
+        use_buffered_stream=True, buffer_size=_READ_BUFFER, pre_buffer=False))
+    data = pads.dataset(file, format=fmt)
+    scanner = data.scanner(columns=wanted, batch_size=_batch_rows(pf, chunk_bytes),
+                           batch_readahead=_READ_AHEAD, fragment_readahead=1, use_threads=True)
+    return iter(scanner.to_batches())
+
+
+#: Bytes read at once from a Parquet column chunk.
+_READ_BUFFER = 4 << 20
 
 
 def _batch_rows(pf: Any, chunk_bytes: int) -> int:
