@@ -191,7 +191,12 @@ class Folder:
             return os.open(name, _DIR_FLAGS, dir_fd=parent)
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR):  # replaced by a link or a file
-                self.report.skip("symlink" if e.errno == errno.ELOOP else "special", rel)
+                try:
+                    link = stat.S_ISLNK(os.stat(name, dir_fd=parent,
+                                                follow_symlinks=False).st_mode)
+                except OSError:
+                    link = False
+                self.report.skip("symlink" if link else "special", rel)
                 return None
             raise _named(e, self.root, rel) from None
 

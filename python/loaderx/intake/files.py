@@ -138,16 +138,16 @@ def from_image_folder(
             w.set_extra("label", {"classes": classes, "counts": counts})
             w.extra["skipped"] = dict(folder.report.counts)
         report = folder.report
-    _warn_skipped(root, report.skipped, report.describe())
+    _warn_skipped(root, report.skipped, report.describe(), "strict=True refuses them")
     return {"rows": sum(counts), "classes": classes, "counts": counts,
             "empty_classes": [c for c, n in zip(classes, counts, strict=True) if n == 0],
             "bytes": total_bytes, "skipped": dict(report.counts),
             "skipped_examples": {k: list(v) for k, v in report.examples.items()}}
 
 
-def _warn_skipped(source: str, count: int, what: str) -> None:
+def _warn_skipped(source: str, count: int, what: str, hint: str) -> None:
     if count:
-        warnings.warn(f"{source}: skipped {count} entries: {what} (strict=True refuses them)",
+        warnings.warn(f"{source}: skipped {count} entries: {what} ({hint})",
                       SkippedFilesWarning, stacklevel=3)
 
 
@@ -372,8 +372,11 @@ def from_webdataset(
                 writer.append(plan.batch(samples, index, paths[index]))
                 bar.update(len(samples))
         if writer is None:
+            skipped = _skipped_counts(reports, plan)
             raise DatasetError(f"the shards hold no samples ({len(paths)} shard(s), e.g. "
-                               f"{paths[0]}); nothing to convert")
+                               f"{paths[0]}); nothing to convert"
+                               + (f"; skipped {_describe_skipped(skipped, {})}"
+                                  if sum(skipped.values()) else ""))
         plan.finish(writer)
         writer.extra["skipped"] = _skipped_counts(reports, plan)
         rows = writer.commit()
@@ -385,12 +388,23 @@ def from_webdataset(
     examples = {"meta": [n for r in reports for n in r.skipped_meta][:5],
                 "no_extension": [n for r in reports for n in r.skipped_no_extension][:5],
                 "not_selected": plan.unselected_examples}
-    _warn_skipped(paths[0] if len(paths) == 1 else f"{len(paths)} shards", sum(
-        skipped.values()), "; ".join(f"{n} {k} (e.g. {examples[k]!r})"
-                                     for k, n in skipped.items() if n))
+    _warn_skipped(paths[0] if len(paths) == 1 else f"{len(paths)} shards",
+                  sum(skipped.values()), _describe_skipped(skipped, examples),
+                  "the report lists them")
     return {"rows": rows, "shards": paths, "columns": [c.name for c in writer.columns],
             "members": sum(r.members for r in reports), "bytes": sum(r.bytes for r in reports),
             "skipped": skipped, "skipped_examples": {k: v for k, v in examples.items() if v}}
+
+
+_SKIP_WORDS = {"meta": "WebDataset metadata members (__...__)",
+               "no_extension": "members without an extension",
+               "not_selected": "members of extensions not in extensions="}
+
+
+def _describe_skipped(skipped: dict[str, int], examples: dict[str, list[str]]) -> str:
+    return "; ".join(f"{n} {_SKIP_WORDS[k]}" + (f", e.g. {examples[k]!r}" if examples.get(k)
+                                                else "")
+                     for k, n in skipped.items() if n)
 
 
 def _wanted_extensions(extensions: Sequence[str] | None, label: str | None) -> list[str] | None:
