@@ -28,11 +28,13 @@ order). ``label="cls"`` also writes the ASCII integers of that extension as a de
 column ``label`` (the bytes stay in their own column). See :mod:`loaderx.intake._shard_reader`
 for how shards are read and what they may not hold.
 
-Files are read by a pool of threads (``workers``; reading a file or a tar member is system
-calls and a checksum, which release the GIL), in a bounded window, so memory stays a few
-times ``workers`` MiB whatever the folder's size. Writing is one transaction (see
-:class:`~loaderx.intake.directory.DirectoryWriter`): a failure or a kill leaves ``dst`` as it
-was, and running the conversion again gives exactly the result an uninterrupted run gives.
+Files are read by a pool of threads (``workers``; reading a file is system calls, which
+release the GIL; a compressed shard's decompression releases it too), in a bounded window:
+at most 32 files per thread are in flight (an image folder), or two batches of 4 MiB per
+shard being read (shards), plus one batch of 16 MiB being written, whatever the input's size.
+Writing is one transaction (see :class:`~loaderx.intake.directory.DirectoryWriter`): a failure
+or a kill leaves ``dst`` as it was, and running the conversion again gives exactly the result
+an uninterrupted run gives.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from loaderx.errors import CorruptStoreError, DatasetError, LoaderxTypeError, Lo
 from loaderx.intake._image_folder import Folder, FolderReport, ImageDir, read_image
 from loaderx.intake._shard_names import shard_paths
 from loaderx.intake._shard_reader import Sample, ShardReport, read_shard
-from loaderx.intake.directory import DirectoryWriter, open_dataset, read_manifest
+from loaderx.intake.directory import DirectoryWriter, RaggedBatch, open_dataset, read_manifest
 from loaderx.zrecord import Codec
 
 __all__ = ["SkippedFilesWarning", "export_image_folder", "export_webdataset",
@@ -69,7 +71,7 @@ _BATCH_ROWS = 4096
 #: Bytes of samples a shard reader hands over at a time.
 _SHARD_BATCH_BYTES = 4 << 20
 #: Batches a shard reader may hold ready before it waits for the writer.
-_SHARD_QUEUE = 4
+_SHARD_QUEUE = 2
 
 
 class SkippedFilesWarning(UserWarning):
@@ -80,7 +82,7 @@ class SkippedFilesWarning(UserWarning):
 
 def _workers(workers: Any) -> int:
     if workers is None:
-        return min(32, 4 * (os.cpu_count() or 1))
+        return min(16, 2 * (os.cpu_count() or 1))
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise LoaderxValueError(f"workers must be a positive int, got {workers!r}")
     return workers
@@ -110,7 +112,7 @@ def from_image_folder(
     Skipped files are reported and warned about (:class:`SkippedFilesWarning`); with
     ``strict=True`` the first one is refused instead (DatasetError naming it). ``overwrite``,
     ``checksums`` and ``progress`` are as in :func:`loaderx.from_numpy`; ``workers`` threads
-    read the files (default ``min(32, 4 * cores)``)."""
+    read the files (default ``min(16, 2 * cores)``)."""
     root = os.fspath(root)
     n_workers = _workers(workers)
     with Folder(root, strict=bool(strict)) as folder:
@@ -125,8 +127,9 @@ def from_image_folder(
                          extra={"path": "file system bytes, relative to the root"})
             with _progress(progress, None, os.fspath(dst)) as bar:
                 for images, labels, paths in _image_batches(folder, n_workers):
-                    w.append({"image": images, "label": np.asarray(labels, dtype=np.int64),
-                              "path": paths})
+                    w.append({"image": _ragged(images),
+                              "label": np.asarray(labels, dtype=np.int64),
+                              "path": _ragged(paths)})
                     for label in labels:
                         counts[label] += 1
                     total_bytes += sum(len(b) for b in images)
@@ -145,6 +148,14 @@ def from_image_folder(
             "skipped_examples": {k: list(v) for k, v in report.examples.items()}}
 
 
+def _ragged(records: list[bytes]) -> RaggedBatch:
+    """Byte records as one buffer and their bounds (one copy, no object per record)."""
+    bounds = np.zeros(len(records) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, records), dtype=np.int64, count=len(records)),
+              out=bounds[1:])
+    return RaggedBatch(np.frombuffer(b"".join(records), dtype=np.uint8), bounds)
+
+
 def _warn_skipped(source: str, count: int, what: str, hint: str) -> None:
     if count:
         warnings.warn(f"{source}: skipped {count} entries: {what} ({hint})",
@@ -160,7 +171,7 @@ def _image_batches(folder: Folder,
     opened: list[ImageDir] = []
     dirs = folder.dirs()
     batch = _ImageBatch()
-    limit = 4 * n_workers
+    limit = 2 * n_workers  # runs in flight: 32 files per thread at most
     with cf.ThreadPoolExecutor(n_workers, thread_name_prefix="loaderx-images") as pool:
         try:
             for d in dirs:
@@ -193,7 +204,7 @@ def _image_batches(folder: Folder,
 
 
 #: Files of one folder read by one task.
-_RUN_FILES = 32
+_RUN_FILES = 16
 # A run being read, its folder, its file names, and whether it is the folder's last.
 _Read = tuple["cf.Future[list[bytes | str]]", ImageDir, list[str], bool]
 
@@ -348,7 +359,7 @@ def from_webdataset(
     first sample's, in its order. ``missing="empty"`` lets a sample lack some of them (see
     the module docstring). ``label`` names an extension holding ASCII integers (WebDataset's
     ``cls``) to write also as the dense ``int64`` column ``label``. ``workers`` shards are
-    read at a time (default ``min(32, 4 * cores)``); ``codec``, ``overwrite``,
+    read at a time (default ``min(16, 2 * cores)``); ``codec``, ``overwrite``,
     ``checksums`` and ``progress`` are as in :func:`from_image_folder`."""
     paths = shard_paths(shards)
     n_workers = _workers(workers)
@@ -467,7 +478,7 @@ class _SamplePlan:
 
     def batch(self, samples: list[Sample], index: int, shard: str) -> dict[str, Any]:
         exts = self.exts
-        cols: dict[str, list[Any]] = {ext: [] for ext in exts}
+        cols: dict[str, list[bytes]] = {ext: [] for ext in exts}
         keys: list[bytes] = []
         present = np.ones((len(samples), len(exts)), dtype=np.bool_)
         labels = np.zeros(len(samples), dtype=np.int64)
@@ -487,8 +498,9 @@ class _SamplePlan:
             keys.append(s.key.encode("utf-8"))
             if self.label is not None:
                 labels[row] = _parse_label(have.get(self.label), s.key, self.label, shard)
-        batch: dict[str, Any] = {KEY: keys, SHARD: np.full(len(samples), index, np.int64)}
-        batch.update(cols)
+        batch: dict[str, Any] = {KEY: _ragged(keys),
+                                 SHARD: np.full(len(samples), index, np.int64)}
+        batch.update({ext: _ragged(values) for ext, values in cols.items()})
         if self.label is not None:
             batch[LABEL] = labels
         if self.allow_missing:
