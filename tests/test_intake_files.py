@@ -30,7 +30,13 @@ import pytest
 import tarcraft as tc
 from loaderx import DataLoader, from_image_folder, from_webdataset, open_dataset
 from loaderx.cli import main
-from loaderx.errors import CorruptStoreError, DatasetError, LimitExceededError, LoaderxTypeError
+from loaderx.errors import (
+    CorruptStoreError,
+    DatasetError,
+    LimitExceededError,
+    LoaderxTypeError,
+    LoaderxValueError,
+)
 from loaderx.intake import export_image_folder, export_webdataset, read_manifest
 from loaderx.intake import files as files_mod
 from loaderx.intake._image_folder import Folder, image_format, read_image
@@ -214,6 +220,28 @@ def test_workers_do_not_change_the_result(tmp_path):
     assert results[0] == results[1] == results[2]
 
 
+def test_memory_stays_bounded_whatever_the_folder_size(tmp_path, monkeypatch):
+    """40 MB of images through 2 MiB batches and 2 threads: the Python heap's peak stays
+    a fraction of the folder (the reads in flight and one batch), not the folder."""
+    import tracemalloc
+
+    root = tmp_path / "photos"
+    head = encoded(1)
+    for i in range(400):
+        d = root / f"c{i % 4}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{i:04d}.jpg").write_bytes(head + os.urandom(100_000))
+    monkeypatch.setattr(files_mod, "_BATCH_BYTES", 2 << 20)
+    tracemalloc.start()
+    try:
+        report = from_image_folder(tmp_path / "ds", root, workers=2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert report["bytes"] > 40_000_000
+    assert peak < 20 << 20, peak
+
+
 def test_the_loader_reads_an_image_folder_with_a_pillow_decode(tmp_path):
     root = tmp_path / "photos"
     for i in range(40):
@@ -380,6 +408,16 @@ def test_folders_without_classes_or_images_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError):
         from_image_folder(tmp_path / "ds", tmp_path / "missing")
     assert not (tmp_path / "ds").exists()
+
+
+def test_a_destination_inside_the_folder_is_refused(tmp_path):
+    root = tmp_path / "photos"
+    make_folder(root)
+    before = digest(root)
+    for dst in (root / "ds", root / "cat" / "ds", root):
+        with pytest.raises(DatasetError, match="inside the image folder"):
+            from_image_folder(dst, root)
+    assert digest(root) == before
 
 
 def test_a_class_name_that_is_not_utf8_is_refused(tmp_path):
@@ -577,6 +615,9 @@ def test_webdataset_round_trip(tmp_path, suffix):
         assert shard_members(tmp_path / f"back-{s:03d}{suffix}") == shard_members(shards[s])
     with pytest.raises(DatasetError, match="exists"):
         export_webdataset(tmp_path / "ds", str(tmp_path / f"back-%03d{suffix}"))
+    for bad in ("same.tar", "x-%s-%s.tar", "x-%d%%.tar%d"):
+        with pytest.raises(LoaderxValueError, match="out_pattern"):
+            export_webdataset(tmp_path / "ds", str(tmp_path / bad))
 
 
 def test_samples_are_grouped_as_the_webdataset_library_groups_them(tmp_path):

@@ -115,6 +115,10 @@ def from_image_folder(
     read the files (default ``min(16, 2 * cores)``)."""
     root = os.fspath(root)
     n_workers = _workers(workers)
+    inside = os.path.realpath(os.fspath(dst))
+    if (inside + os.sep).startswith(os.path.realpath(root) + os.sep):
+        raise DatasetError(f"{os.fspath(dst)} is inside the image folder {root}: the dataset "
+                           "would be walked as a class of itself; write it elsewhere")
     with Folder(root, strict=bool(strict)) as folder:
         classes = folder.classes
         counts = [0] * len(classes)
@@ -615,6 +619,15 @@ def export_webdataset(src: str | os.PathLike[str], out_pattern: str) -> list[str
                                 f"'shard-%06d.tar', got {out_pattern!r}")
     names = [c.name for c in manifest.columns]
     exts = [c for c in manifest.columns if c.name not in (KEY, SHARD, PRESENT, LABEL)]
+    shard_count = len(manifest.extra.get("shards") or [])
+    try:
+        targets = [out_pattern % i for i in range(shard_count)]
+    except (TypeError, ValueError) as e:
+        raise LoaderxValueError(f"out_pattern {out_pattern!r} does not format a shard index "
+                                f"({e}); write one %d, e.g. 'shard-%06d.tar'") from None
+    if len(set(targets)) != len(targets):
+        raise LoaderxValueError(f"out_pattern {out_pattern!r} gives several shards one name; "
+                                "write one %d, e.g. 'shard-%06d.tar'")
     cols = open_dataset(src)
     written: list[str] = []
     try:
@@ -622,7 +635,10 @@ def export_webdataset(src: str | os.PathLike[str], out_pattern: str) -> list[str
         shard_of = np.asarray(cols[SHARD][np.arange(n)]) if n else np.empty(0, np.int64)
         has_present = PRESENT in names
         for shard in np.unique(shard_of):
-            target = out_pattern % int(shard)
+            if not 0 <= shard < shard_count:
+                raise CorruptStoreError(f"{src}: a sample of shard {int(shard)}, but the "
+                                        f"manifest names {shard_count} shards")
+            target = targets[int(shard)]
             if os.path.lexists(target):
                 raise DatasetError(f"{target} exists; export_webdataset writes new shards")
             rows = np.flatnonzero(shard_of == shard)
