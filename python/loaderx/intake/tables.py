@@ -367,16 +367,14 @@ def _check_footer(file: str, pf: Any) -> int:
 
 
 def _scan(pf: Any, file: str, wanted: list[str], chunk_bytes: int) -> Iterator[Any]:
-    """The record batches of one Parquet file: decoded on pyarrow's threads a few batches
-    ahead, column chunks read through a bounded buffer (not whole), so memory is bounded by the
-    batch size rather than by the file's row groups."""
-    pads = _pyarrow("pyarrow.dataset")
-    fmt = pads.ParquetFileFormat(default_fragment_scan_options=pads.ParquetFragmentScanOptions(
-        use_buffered_stream=True, buffer_size=_READ_BUFFER, pre_buffer=False))
-    data = pads.dataset(file, format=fmt)
-    scanner = data.scanner(columns=wanted, batch_size=_batch_rows(pf, chunk_bytes),
-                           batch_readahead=_READ_AHEAD, fragment_readahead=1, use_threads=True)
-    return iter(scanner.to_batches())
+    """The record batches of one Parquet file, columns decoded on pyarrow's threads, column
+    chunks read through a bounded buffer rather than whole: memory is bounded by the batch
+    size, not by the file's row groups. (pyarrow's dataset scanner, which reads ahead on
+    its own pools, measured no faster here and held several times the memory.)"""
+    pq = _pyarrow("pyarrow.parquet")
+    reader = pq.ParquetFile(file, buffer_size=_READ_BUFFER, pre_buffer=False)
+    return iter(reader.iter_batches(batch_size=_batch_rows(pf, chunk_bytes), columns=wanted,
+                                    use_threads=True))
 
 
 #: Bytes read at once from a Parquet column chunk.
@@ -472,7 +470,20 @@ class _Leaf:
     def convert(self, batch: Any, start: int, where: str) -> Any:
         arr = self.array(batch)
         _check_nulls(arr, self.name, start, where)
-        records = self.to_records(arr)
+        try:
+            records = self.to_records(arr)
+        except _NullElement as e:
+            raise DatasetError(
+                f"column {self.name!r} has a list with a null element (at depth {e.level}) in "
+                f"rows {start}..{start + len(arr) - 1}{_in(where)}: nulls are not converted. "
+                "Fill them first (pyarrow.compute.fill_null on the list values), drop those "
+                "rows, or leave the column out with columns=") from None
+        except LoaderxError:
+            raise
+        except Exception as e:  # pyarrow's errors (a type it cannot take apart, ...)
+            raise DatasetError(f"column {self.name!r} ({arr.type}) could not be converted"
+                               f"{_in(where)}: {type(e).__name__}: {e}; cast it to a plainer "
+                               "type first, or leave it out with columns=") from None
         if self.kind == "ragged":
             _check_record_sizes(records, self, start, where)
         return records
@@ -518,6 +529,12 @@ def _plan(pa: Any, schema: Any, columns: Sequence[str] | None) -> list[_Leaf]:
     index_cols = _pandas_index_columns(meta)
     leaves: list[_Leaf] = []
     for i, f in enumerate(schema):
+        # Only the fields asked for are mapped: a column left out is never refused.
+        if columns is None and f.name in index_cols:
+            continue
+        if columns is not None and not any(c == f.name or c.startswith(f.name + ".")
+                                           for c in columns):
+            continue
         leaves.extend(_map_field(pa, f.name, f.type, (i,), (f.name,), classes))
     if columns is None:
         chosen = [leaf for leaf in leaves if leaf.fields[0] not in index_cols]
@@ -589,7 +606,7 @@ def _map_field(pa: Any, name: str, typ: Any, path: tuple[int, ...], fields: tupl
         decode = _dictionary_decode
         typ = typ.value_type
         extra["decoded_from"] = "dictionary"
-    if isinstance(typ, pa.ExtensionType) and not isinstance(typ, pa.FixedShapeTensorType):
+    if isinstance(typ, pa.BaseExtensionType) and not isinstance(typ, pa.FixedShapeTensorType):
         extra["extension"] = typ.extension_name
         inner = _map_field(pa, name, typ.storage_type, path, fields, classes)
         for leaf in inner:
@@ -610,7 +627,13 @@ def _compose(first: Callable[[Any], Any], then: Callable[[Any], Any]) -> Callabl
 
 
 def _dictionary_decode(arr: Any) -> Any:
-    return arr.dictionary_decode()
+    pa = _pyarrow()
+    values = arr.dictionary
+    if pa.types.is_string_view(values.type):  # pyarrow 26 cannot take() from views
+        values = values.cast(pa.large_string())
+    elif pa.types.is_binary_view(values.type):
+        values = values.cast(pa.large_binary())
+    return values.take(arr.indices)
 
 
 def _storage(arr: Any) -> Any:
@@ -666,8 +689,7 @@ def _map_type(pa: Any, name: str, typ: Any) -> tuple[str, np.dtype, tuple[int, .
                 raise _refuse(name, typ, _list_fix(pa, inner))
             value, shape = scalar, ()
         view = t.is_list_view(typ) or t.is_large_list_view(typ)
-        cast_to = pa.large_list(inner) if view else None
-        return "ragged", value, shape, _lists(shape, cast_to), {}
+        return "ragged", value, shape, _list_views(shape) if view else _lists(shape), {}
     if t.is_string(typ) or t.is_large_string(typ) or t.is_string_view(typ):
         cast_to = pa.large_string() if t.is_string_view(typ) else None
         return "ragged", np.dtype(np.uint8), (), _binary(cast_to), {"string": True}
@@ -785,31 +807,51 @@ def _fixed_list_values(depth: int, shape: tuple[int, ...]) -> Callable[[Any], np
         for level in range(depth):
             values = values.flatten()  # offset-aware: the slice's values only
             if values.null_count:
-                raise DatasetError(_element_nulls(level))
+                raise _NullElement(level + 1)
         return values.to_numpy(zero_copy_only=False).reshape(n, *shape)
 
     return convert
 
 
-def _element_nulls(level: int) -> str:
-    return (f"a list holds a null element (at depth {level + 1}); fill the elements first "
-            "(pyarrow.compute.fill_null on the flattened values)")
+class _NullElement(DatasetError):
+    """A list holds a null element (raised with the column's name by :meth:`_Leaf.convert`)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(f"a null list element at depth {level}")
+        self.level = level
 
 
-def _lists(shape: tuple[int, ...], cast_to: Any) -> Callable[[Any], RaggedBatch]:
+def _lists(shape: tuple[int, ...]) -> Callable[[Any], RaggedBatch]:
     def convert(arr: Any) -> RaggedBatch:
-        if cast_to is not None:
-            arr = arr.cast(cast_to)
         offsets = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        values = arr.flatten()
-        if values.null_count:
-            raise DatasetError(_element_nulls(0))
-        for level in range(len(shape)):
-            values = values.flatten()
-            if values.null_count:
-                raise DatasetError(_element_nulls(level + 1))
-        flat = values.to_numpy(zero_copy_only=False).reshape(-1, *shape)
+        flat = _list_values(arr.flatten(), shape)  # offset-aware: the slice's values only
         return RaggedBatch(flat, offsets - offsets[0])
+
+    return convert
+
+
+def _list_values(values: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """The elements of a list array's values as ``(m, *shape)``, refusing null elements."""
+    if values.null_count:
+        raise _NullElement(1)
+    for level in range(len(shape)):
+        values = values.flatten()
+        if values.null_count:
+            raise _NullElement(level + 2)
+    return values.to_numpy(zero_copy_only=False).reshape(-1, *shape)
+
+
+def _list_views(shape: tuple[int, ...]) -> Callable[[Any], RaggedBatch]:
+    """List views may point anywhere in their values (out of order, overlapping): each list's
+    elements are gathered into place (pyarrow 26's cast to a list gets the offsets wrong)."""
+    def convert(arr: Any) -> RaggedBatch:
+        starts = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+        sizes = arr.sizes.to_numpy(zero_copy_only=False).astype(np.int64)
+        values = _list_values(arr.values, shape)
+        bounds = np.zeros(len(sizes) + 1, np.int64)
+        np.cumsum(sizes, out=bounds[1:])
+        picks = np.repeat(starts - bounds[:-1], sizes) + np.arange(bounds[-1])
+        return RaggedBatch(values[picks], bounds)
 
     return convert
 
