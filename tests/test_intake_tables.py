@@ -614,3 +614,47 @@ def test_killed_conversion_rerun_gives_the_same_result(tmp_path: pathlib.Path,
     check_against(dst, table)
     from_arrow(tmp_path / "reference", tmp_path / "t.parquet")
     assert read_manifest(dst) == read_manifest(tmp_path / "reference")
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "loaderx", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_convert_and_info(tmp_path: pathlib.Path) -> None:
+    table = parquet_table(1000)
+    for k in range(3):
+        pq.write_table(table.slice(k * 400, 400), tmp_path / f"part-{k}.parquet")
+    run = cli("convert", str(tmp_path / "part-*.parquet"), str(tmp_path / "ds"),
+              "--columns", "text,label", "--checksums")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == f"{tmp_path / 'ds'}: 1000 rows; columns text, label"
+    check_against(tmp_path / "ds", table.select(["text", "label"]))
+    info = cli("info", str(tmp_path / "ds"))
+    assert info.returncode == 0, info.stderr
+    assert "rows         1000" in info.stdout and "'text'" in info.stdout
+    assert "UTF-8 text" in info.stdout
+    body = json.loads(cli("info", str(tmp_path / "ds"), "--json").stdout)
+    assert body["rows"] == 1000 and [c["name"] for c in body["columns"]] == ["text", "label"]
+    assert all(c["checksums"] for c in body["columns"])
+    again = cli("convert", str(tmp_path / "part-*.parquet"), str(tmp_path / "ds"))
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+    assert cli("convert", str(tmp_path / "part-*.parquet"), str(tmp_path / "ds"),
+               "--overwrite").returncode == 0
+    assert list(open_dataset(tmp_path / "ds")) == ["label", "text", "vec", "tokens"]
+
+
+def test_cli_errors_are_one_line_with_the_exit_status(tmp_path: pathlib.Path) -> None:
+    pq.write_table(pa.table({"a": [1, None]}), tmp_path / "nulls.parquet")
+    lying_parquet(tmp_path / "liar.parquet", 1237, 2000, (0,))
+    for source, status, words in [("nulls.parquet", 2, "null at row 1"),
+                                  ("liar.parquet", 3, "the file is damaged"),
+                                  ("none-*.parquet", 2, "no file matches")]:
+        run = cli("convert", str(tmp_path / source), str(tmp_path / "out"))
+        assert run.returncode == status, run.stderr
+        assert words in run.stderr and "Traceback" not in run.stderr
+        assert len(run.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []

@@ -4,6 +4,7 @@ Commands::
 
     loaderx info STORE [--json]       what a store or dataset holds
     loaderx convert INPUT.npy OUT [--codec zstd] [--checksums] [--overwrite] ...
+    loaderx convert 'data/*.parquet' OUT [--columns a,b]   a table as a dataset directory
     loaderx verify STORE              decode every record, check checksums; exit 1 on damage
     loaderx copy SRC DST              copy a store, holes kept, then verify the copy
     loaderx pack STORE ARCHIVE        one tar archive of a store (.tar, .tar.gz, .tar.xz, ...)
@@ -104,6 +105,10 @@ def _size(n: int) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from loaderx.intake.directory import is_dataset_directory
+
+    if is_dataset_directory(args.store):
+        return _info_dataset_directory(args)
     path = _store_dir(args.store)
     info: dict[str, Any] = {"path": os.path.abspath(path)}
     s = _dataset_schema(path)
@@ -166,6 +171,8 @@ def _row_stats(z: Any, s: Any) -> dict[str, float]:
 def cmd_convert(args: argparse.Namespace) -> int:
     from loaderx.converter import from_numpy
 
+    if _is_parquet(args.input):
+        return _convert_parquet(args)
     files = _files_source(args.input)
     if files is not None:
         return files(args)
@@ -258,6 +265,84 @@ def _convert_webdataset(args: argparse.Namespace) -> int:
     print(f"{args.out}: {r['rows']} samples from {len(r['shards'])} shard(s) "
           f"({_size(r['bytes'])}; columns {', '.join(r['columns'])})")
     _print_skipped(r)
+    return EXIT_OK
+
+
+# -- convert and info: Parquet tables and dataset directories (loaderx.intake) --------------------
+
+
+def _is_parquet(given: str) -> bool:
+    """Whether ``loaderx convert`` got Parquet: a .parquet path or glob (``'data/*.parquet'``,
+    quoted so that the shell leaves it alone)."""
+    return given.endswith(".parquet")
+
+
+def _convert_parquet(args: argparse.Namespace) -> int:
+    from loaderx.intake.directory import read_manifest
+    from loaderx.intake.tables import from_arrow
+
+    if args.append:
+        raise _UsageError("--append is not available for Parquet: convert into a new "
+                          "directory (or --overwrite)")
+    columns = [c for c in args.columns.split(",") if c] if args.columns else None
+    n = from_arrow(args.out, args.input, columns=columns, codec=args.codec or "zstd",
+                   overwrite=args.overwrite, chunk_bytes=args.chunk_bytes,
+                   progress=None if args.progress == "auto" else args.progress == "on",
+                   checksums=args.checksums)
+    names = ", ".join(c.name for c in read_manifest(args.out).columns)
+    print(f"{args.out}: {n} rows; columns {names}")
+    return EXIT_OK
+
+
+def _info_dataset_directory(args: argparse.Namespace) -> int:
+    """``loaderx info`` of a dataset directory: its manifest, and each column's store sizes
+    (summed over the parts of a directory of parts)."""
+    from loaderx.intake.directory import open_dataset, read_manifest
+
+    path = os.path.abspath(args.store)
+    manifest = read_manifest(path)
+    datasets = open_dataset(path)
+    columns = []
+    try:
+        for col in manifest.columns:
+            ds = datasets[col.name]
+            parts = getattr(ds, "parts", [ds])
+            stats = [p.store.stats() for p in parts]
+            columns.append({
+                "name": col.name, "store": col.store, "kind": col.kind, "dtype": col.dtype.str,
+                "item_shape": list(col.item_shape), "codec": col.codec, "extra": col.extra,
+                "live_bytes": sum(st["live_bytes"] for st in stats),
+                "logical_bytes": sum(st["logical_bytes"] for st in stats),
+                "checksums": all(st["checksums"] for st in stats),
+            })
+    finally:
+        for ds in datasets.values():
+            ds.close()
+    info = {"path": path, "format": "loaderx-dataset", "rows": manifest.rows,
+            "parts": [{"path": p.path, "rows": p.rows} for p in manifest.parts],
+            "extra": manifest.extra, "columns": columns}
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return EXIT_OK
+    width = max([len(repr(c["name"])) for c in columns] + [6])
+    lines = [f"dataset      {path}",
+             f"rows         {manifest.rows}"
+             + (f" in {len(manifest.parts)} parts" if manifest.parts else ""),
+             f"columns      {len(columns)}"]
+    for c in columns:
+        shape = f"{c['kind']} {np.dtype(c['dtype']).name}" + (
+            f" {tuple(c['item_shape'])}" if c["item_shape"] else "")
+        notes = []
+        if c["extra"].get("string"):
+            notes.append("UTF-8 text")
+        if "classes" in c["extra"]:
+            notes.append(f"{len(c['extra']['classes'])} classes")
+        if "arrow_type" in c["extra"]:
+            notes.append(f"from {c['extra']['arrow_type']}")
+        lines.append(f"  {c['name']!r:<{width}}  {shape:<24} {c['codec']:<9} "
+                     f"{_size(c['live_bytes'])} stored, {_size(c['logical_bytes'])} decoded"
+                     + (f"  ({'; '.join(notes)})" if notes else ""))
+    print("\n".join(lines))
     return EXIT_OK
 
 
@@ -436,6 +521,9 @@ def _parser() -> argparse.ArgumentParser:
     files.add_argument("--label", default=None, metavar="EXT",
                        help="shards: also write this extension's integers (e.g. cls) as the "
                        "int64 column label")
+    tables = conv.add_argument_group("Parquet tables (INPUT: a .parquet path or quoted glob)")
+    tables.add_argument("--columns", default=None, metavar="NAME,NAME",
+                        help="the columns to convert, in this order (default: all)")
     conv.set_defaults(run=cmd_convert)
 
     ver = sub.add_parser("verify", help="decode every record and check checksums")
