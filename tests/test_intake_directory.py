@@ -68,8 +68,8 @@ def test_round_trip_and_manifest(tmp_path: pathlib.Path) -> None:
     assert [c.name for c in m.columns] == ["x", "y", "t"]
     assert m.column("y").extra == {"classes": ["a", "b", "c"]}
     assert m.column("t").is_string and m.column("t").kind == "ragged"
-    # Small dense records are stored raw: zstd cannot shrink 8 bytes.
-    assert m.column("y").codec == "raw" and m.column("t").codec == "zstd"
+    # Small dense records are stored raw: zstd cannot shrink 8 bytes (nor these short strings).
+    assert m.column("y").codec == "raw" and m.column("t").codec == "raw"
     body = json.loads((dst / MANIFEST_FILE).read_text())
     assert body["format"] == "loaderx-dataset" and body["version"] == 1
     assert sorted(os.listdir(dst)) == [MANIFEST_FILE, "t", "x", "y"]
@@ -135,6 +135,28 @@ def test_column_names_that_are_not_directory_names(tmp_path: pathlib.Path,
         assert (dst / s).resolve().parent == dst.resolve()
     assert sorted(os.listdir(tmp_path)) == ["ds"]  # nothing written beside or above dst
     assert store_name("label", 0, []) == "label" and store_name("a/b", 3, []) == "_3_a_b"
+
+
+def test_codec_where_it_pays(tmp_path: pathlib.Path) -> None:
+    rng = np.random.default_rng(0)
+    text = [(b"the same few words again and " * 8)[k:] for k in range(200)]
+    noise = [rng.bytes(300) for _ in range(200)]
+    with DirectoryWriter(tmp_path / "ds") as w:
+        w.add_column("text", "ragged", np.uint8)
+        w.add_column("noise", "ragged", np.uint8)
+        w.add_column("forced", "ragged", np.uint8, codec="zstd")
+        w.add_column("small", "dense", np.int32, (4,), codec="zstd")
+        w.append({"text": text, "noise": noise, "forced": noise,
+                  "small": np.zeros((200, 4), np.int32)})
+    m = read_manifest(tmp_path / "ds")
+    assert {c.name: c.codec for c in m.columns} == {
+        "text": "zstd", "noise": "raw", "forced": "zstd", "small": "zstd"}
+    ds = open_dataset(tmp_path / "ds")
+    assert [r.tobytes() for r in ds["noise"][np.arange(200)]] == noise
+    assert [r.tobytes() for r in ds["text"][np.arange(200)]] == text
+    assert ds["text"].schema["codec"] == "zstd" and ds["noise"].schema["codec"] == "raw"
+    assert sorted(os.listdir(tmp_path / "ds")) == sorted([MANIFEST_FILE, "forced", "noise",
+                                                          "small", "text"])  # no trial left
 
 
 def test_zero_rows_and_one_row(tmp_path: pathlib.Path) -> None:

@@ -60,9 +60,15 @@ So a conversion is *re-run*, not resumed: running it again after any interruptio
 the result an uninterrupted run gives, nothing duplicated (``overwrite=True`` is needed only
 when a previous run completed).
 
-Columns whose records are at most :data:`RAW_RECORD_BYTES` bytes (scalars, small vectors) are
-stored raw whatever the codec asked for: a zstd frame's own header is about as large as such a
-record, so compressing them costs time and never saves a byte.
+Codecs: a column declared without a codec of its own gets the writer's, zstd by default,
+*where it pays*: dense columns of records of at most :data:`RAW_RECORD_BYTES` bytes (scalars,
+small vectors) are stored raw, since a zstd frame's own header is about as large as such a
+record; and before the first rows are written, up to :data:`SAMPLE_RECORDS` records of the
+batch, spread over it, are compressed as a trial, and a column they shrink by less than
+:data:`MIN_SAVING` (JPEG bytes, random-looking floats) is stored raw -- zstd costs several
+microseconds per record, reading a raw record costs nothing, and it would save almost no space.
+A codec given for a column (``add_column(codec=...)``) is used as it is. The manifest records
+each column's codec.
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ import json
 import math
 import os
 import re
+import shutil
 import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,6 +115,10 @@ PARTS_DIR = "parts"
 MAX_MANIFEST_BYTES = 16 << 20
 #: Records of at most this many bytes are stored raw (see the module docstring).
 RAW_RECORD_BYTES = 16
+#: Records compressed as a trial before a column's codec is settled, and the least part of
+#: their bytes zstd must save for the column to be compressed.
+SAMPLE_RECORDS = 1024
+MIN_SAVING = 0.10
 #: Most columns one directory holds.
 MAX_COLUMNS = 4096
 #: Most parts one directory holds.
@@ -470,6 +481,7 @@ class _ColumnWriter:
     codec: Codec
     row_bytes: int  # bytes of one dense record, or of one row of a ragged record
     dict_size: int | None
+    adaptive: bool = False  # the codec is the writer's: settled by a trial on the first rows
     store: Zrecord | None = None
 
 
@@ -596,12 +608,13 @@ class DirectoryWriter:
                                      f"{row_bytes} bytes, over the {MAX_RECORD_BYTES}-byte "
                                      "record limit")
         chosen = self.codec if codec is None else _store_codec(codec)
-        if kind == "dense" and row_bytes <= RAW_RECORD_BYTES:
-            chosen = "raw"
+        adaptive = codec is None and chosen == "zstd"
+        if codec is None and kind == "dense" and row_bytes <= RAW_RECORD_BYTES:
+            chosen, adaptive = "raw", False
         store = store_name(name, len(self._writers), (w.column.store for w in self._writers))
         column = Column(name, store, kind, dt, shape, chosen, dict(extra or {}))
         Manifest(0, (column,)).to_bytes()  # extra that cannot be written fails here, not later
-        self._writers.append(_ColumnWriter(column, chosen, row_bytes, dict_size))
+        self._writers.append(_ColumnWriter(column, chosen, row_bytes, dict_size, adaptive))
 
     def set_extra(self, name: str, extra: Mapping[str, Any]) -> None:
         """Replaces the manifest's extra keys of column ``name`` (e.g. label class names
@@ -661,6 +674,9 @@ class DirectoryWriter:
         first = self._state == "open"
         self._state = "broken"  # until the appends below are all done
         if first:
+            for w, (blob, bounds) in zip(self._writers, prepared, strict=True):
+                if w.adaptive:
+                    self._settle_codec(w, blob, bounds)
             self._new_part()
         done = 0
         while done < n:
@@ -676,6 +692,31 @@ class DirectoryWriter:
             done += take
         self._state = "writing"
         return self.rows
+
+    def _settle_codec(self, w: _ColumnWriter, blob: np.ndarray, bounds: np.ndarray) -> None:
+        """Stores column ``w`` raw when zstd shrinks a trial sample of its first records by
+        less than :data:`MIN_SAVING` (see the module docstring)."""
+        n = len(bounds) - 1
+        picks = np.unique(np.linspace(0, n - 1, min(n, SAMPLE_RECORDS)).astype(np.int64)) \
+            if n else np.zeros(0, np.int64)
+        sizes = (bounds[picks + 1] - bounds[picks]).astype(np.uint64)
+        if not int(sizes.sum()):
+            return
+        sample = np.concatenate([blob[int(bounds[i]):int(bounds[i + 1])] for i in picks])
+        offsets = np.zeros(len(picks), np.uint64)
+        np.cumsum(sizes[:-1], out=offsets[1:])
+        trial = os.path.join(self._staging, ".codec-trial")
+        try:
+            with Zrecord(trial, codec="zstd") as z:
+                z.append(sample, offsets)
+                stored = z.stats()["live_bytes"]
+        finally:
+            shutil.rmtree(trial, ignore_errors=True)  # inside our private directory
+        if stored > (1 - MIN_SAVING) * int(sizes.sum()):
+            col = w.column
+            w.codec = "raw"
+            w.column = Column(col.name, col.store, col.kind, col.dtype, col.item_shape, "raw",
+                              col.extra)
 
     # -- parts -------------------------------------------------------------------------------
 
