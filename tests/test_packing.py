@@ -656,3 +656,28 @@ def test_a_spawned_worker_process_reads_the_same_rows(tmp_path):
         got = pool.apply(_rows_in_child, (view, rows))
     for x, y in zip(got, _rows_in_child(view, rows), strict=True):
         assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.int32])
+@pytest.mark.parametrize("eos", [None, 7])
+def test_the_native_concat_rows_equal_the_numpy_reference(tmp_path, dtype, eos):
+    """One native call (Zrecord.pack_concat) plans, gathers and fills segment ids and positions
+    for the common case; the NumPy path is its reference, on the same random rows (empty
+    documents, documents longer than a row, and the end token included)."""
+    rng = np.random.default_rng(11)
+    docs = [rng.integers(8, 1000, n).astype(dtype) for n in rng.integers(0, 300, 120)]
+    loaderx.from_iterator(tmp_path / "d", docs, codec="raw", progress=False)
+    fast = loaderx.pack(loaderx.RaggedDataset(tmp_path / "d"), 37, eos_id=eos, seed=3)
+    slow = loaderx.pack(loaderx.RaggedDataset(tmp_path / "d"), 37, eos_id=eos, seed=3)
+    assert fast._native is not None
+    slow._native = None
+    rows = rng.integers(0, len(fast), 64).astype(np.uint64)
+    got = np.zeros(64 * fast.record_bytes, np.uint8)
+    want = np.zeros_like(got)
+    fast.gather_rows(rows, got)
+    slow.gather_rows(rows, want)
+    assert (got == want).all()
+    for a, b in zip(fast.segments(rows), slow.segments(rows), strict=True):
+        assert (a == b).all()
+    with pytest.raises(LoaderxIndexError):
+        fast.gather_rows(np.array([len(fast)], np.uint64), got)

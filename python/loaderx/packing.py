@@ -262,6 +262,8 @@ class _Cache(threading.local):
 
     key: bytes = b""
     parts: Parts | None = None
+    segments_key: bytes = b""
+    segments: tuple[np.ndarray, np.ndarray] | None = None
 
 
 class PackedDataset:
@@ -316,6 +318,12 @@ class PackedDataset:
         self._aranges: dict[int, np.ndarray] = {}
         self._gather_parts = all(hasattr(p.store._native, "gather_parts")
                                  for p in layout.parts)
+        # The common case -- concat over one store, whole records, no subset -- has a native
+        # form that plans, gathers and fills segment ids and positions in one call.
+        native = layout.parts[0].store._native
+        self._native = (native if method == "concat" and not piece_rows
+                        and layout.indices is None and len(layout.parts) == 1
+                        and hasattr(native, "pack_concat") else None)
 
     # -- what the plan says --------------------------------------------------------------------
 
@@ -412,6 +420,9 @@ class PackedDataset:
         ``record_bytes``-byte rows (see :mod:`loaderx.source`)."""
         if not len(idxs):
             return
+        if self._native is not None and rows is None:
+            self._gather_native(idxs, dst, shards)
+            return
         parts = self._parts(idxs)
         s = self._seq_len
         slots = len(idxs) if rows is None else int(rows.max()) + 1
@@ -437,6 +448,23 @@ class PackedDataset:
             ended = parts.length > parts.content
             tokens[(at + parts.content)[ended]] = self._eos
 
+    def _gather_native(self, idxs: npt.NDArray[np.uint64], dst: npt.NDArray[np.uint8],
+                       shards: int | None) -> None:
+        """:meth:`gather_rows` in one native call (``Zrecord.pack_concat``), which also fills
+        the segment ids and positions, kept for the :meth:`companions` call that follows."""
+        plan, native = self._plan, self._native
+        assert isinstance(plan, ConcatPlan) and native is not None
+        rows = self._row_indices(idxs)
+        if len(rows) and int(rows.max()) >= len(self):
+            bad = int(rows[rows >= len(self)][0])
+            raise LoaderxIndexError(f"row {bad} is out of range for {len(self)} packed rows")
+        seg = np.empty((len(rows), self._seq_len), np.int32)
+        pos = np.empty((len(rows), self._seq_len), np.int32)
+        native.pack_concat(plan.starts, plan.order, rows, self._seq_len, self._eos,
+                           self._dtype.itemsize, dst, seg.reshape(-1), pos.reshape(-1), shards)
+        cache = self._cache
+        cache.segments_key, cache.segments = rows.tobytes(), (seg, pos)
+
     def companions(self, name: str, idxs: npt.NDArray[np.uint64]) -> dict[str, np.ndarray]:
         """``name_segment_ids`` and ``name_positions`` of rows ``idxs`` (see the module
         docs)."""
@@ -451,6 +479,10 @@ class PackedDataset:
         arrays: 1, 2, ... for the documents of a row in row order (0: padding), and each
         token's position inside its document."""
         flat = self._row_indices(idxs)
+        cache = self._cache
+        if cache.segments is not None and cache.segments_key == flat.tobytes():
+            done, cache.segments = cache.segments, None  # filled by the native gather
+            return done
         parts = self._parts(flat)
         s = self._seq_len
         total = len(flat) * s

@@ -174,6 +174,95 @@ impl Zrecord {
         detach(py, || store.gather_parts_at_most(&idxs, &starts, &lens, dst, &offsets, shards)).py()
     }
 
+    /// The rows `rows` of a concatenation plan over this store's records (record `order[k]` is
+    /// the `k`-th document of the stream, starting at token `starts[k]`), in one call: the
+    /// documents' windows gathered into `dst` (`rows.len() * seq_len` tokens of `itemsize`
+    /// bytes), the end token `eos_id` written where a document ends, and, when given, the
+    /// segment ids and positions of every token (`zsampler::packing`). The plan's arrays are
+    /// borrowed, never copied.
+    #[pyo3(signature = (starts, order, rows, seq_len, eos_id, itemsize, dst, segments=None,
+                        positions=None, max_shards=None))]
+    #[allow(clippy::too_many_arguments, reason = "one batch of a packed view, as Python holds it")]
+    fn pack_concat(
+        &self,
+        py: Python<'_>,
+        starts: PyBuffer<i64>,
+        order: &Bound<'_, PyAny>,
+        rows: PyBuffer<u64>,
+        seq_len: u64,
+        eos_id: Option<u64>,
+        itemsize: usize,
+        dst: PyBuffer<u8>,
+        segments: Option<PyBuffer<i32>>,
+        positions: Option<PyBuffer<i32>>,
+        max_shards: Option<usize>,
+    ) -> PyResult<()> {
+        use zsampler::packing::{concat_parts, fill_segments, Part};
+        let store = self.get()?;
+        let rows = rows.to_vec(py)?;
+        let starts = slice(&starts, "starts")?;
+        let (order32, order64) = match PyBuffer::<u32>::get(order) {
+            Ok(b) => (Some(b), None),
+            Err(_) => (None, Some(PyBuffer::<u64>::get(order)?)),
+        };
+        let (o32, o64) = (
+            order32.as_ref().map(|b| slice(b, "order")).transpose()?,
+            order64.as_ref().map(|b| slice(b, "order")).transpose()?,
+        );
+        let docs = o32.map_or_else(|| o64.map_or(0, <[u64]>::len), <[u32]>::len);
+        let tokens = rows.len() as u64 * seq_len;
+        let bad = |m: String| crate::errors::bad_argument(m);
+        if starts.len() != docs + 1 || !(1..=8).contains(&itemsize) || seq_len == 0 {
+            return Err(bad(format!(
+                "a plan of {docs} documents needs {} starts (got {}), itemsize 1..8, seq_len > 0",
+                docs + 1,
+                starts.len()
+            )));
+        }
+        let total = starts.last().copied().unwrap_or(0).max(0).cast_unsigned();
+        if let Some(&r) = rows.iter().find(|&&r| r >= total / seq_len) {
+            return Err(bad(format!("row {r} is past the plan's {} rows", total / seq_len)));
+        }
+        let dst = slice_mut(&dst, "destination")?;
+        let (seg, pos) = (segments.as_ref(), positions.as_ref());
+        let seg = seg.map(|b| slice_mut(b, "segments")).transpose()?;
+        let pos = pos.map(|b| slice_mut(b, "positions")).transpose()?;
+        let short = |n: usize| n < tokens as usize;
+        if dst.len() < tokens as usize * itemsize
+            || seg.as_ref().is_some_and(|s| short(s.len()))
+            || pos.as_ref().is_some_and(|p| short(p.len()))
+        {
+            return Err(bad(format!("the outputs must hold {tokens} tokens")));
+        }
+        let shards = max_shards.unwrap_or(usize::MAX);
+        detach(py, move || {
+            let mut parts: Vec<Part> = Vec::with_capacity(rows.len() * 4);
+            let order = |k: usize| o32.map_or_else(|| o64.map_or(0, |o| o[k]), |o| u64::from(o[k]));
+            concat_parts(starts, order, seq_len, eos_id.is_some(), &rows, &mut parts);
+            let size = itemsize as u64;
+            let (mut idx, mut from, mut len, mut to) = (vec![], vec![], vec![], vec![]);
+            for p in parts.iter().filter(|p| p.content > 0) {
+                idx.push(p.doc);
+                from.push(p.doc_pos * size);
+                len.push(p.content * size);
+                to.push(p.flat * size);
+            }
+            store.gather_parts_at_most(&idx, &from, &len, dst, &to, shards)?;
+            if let Some(eos) = eos_id {
+                let bytes = eos.to_le_bytes();
+                for p in parts.iter().filter(|p| p.length > p.content) {
+                    let at = ((p.flat + p.content) * size) as usize;
+                    dst[at..at + itemsize].copy_from_slice(&bytes[..itemsize]);
+                }
+            }
+            if let (Some(seg), Some(pos)) = (seg, pos) {
+                fill_segments(&parts, seg, pos);
+            }
+            Ok::<(), zrecord::Error>(())
+        })
+        .py()
+    }
+
     fn lengths_into(
         &self,
         py: Python<'_>,

@@ -38,6 +38,7 @@
 mod feistel;
 mod iid;
 pub mod mix;
+pub mod packing;
 
 pub use feistel::{domain_bits, Permutation, MIN_BITS, ROUNDS};
 

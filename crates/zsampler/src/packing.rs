@@ -1,0 +1,138 @@
+//! The rows of a concatenation plan: documents laid end to end in a token stream (each followed
+//! by its end-of-document token when there is one) and cut into rows of `seq_len` tokens.
+//!
+//! `starts[k]` is where the `k`-th document of the stream begins (`starts[n]` is the stream's
+//! length) and `order[k]` which document it is. Row `j` holds stream tokens `[j * seq_len,
+//! (j + 1) * seq_len)`; its *parts* are the pieces of the documents it overlaps, in stream
+//! order. This is the native form of `loaderx/_pack_plan.py`'s `ConcatPlan.parts`, which is the
+//! reference the Python tests pin both against.
+#![allow(
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_truncation,
+    reason = "token counts and positions stay far below 2^62 (2^24 records of at most 1 MiB), \
+              and a position inside one document below 2^31 (the int32 positions a batch holds)"
+)]
+
+/// One part of a row: a run of tokens of one document.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// The document (`order[k]`).
+    pub doc: u64,
+    /// Position in the document of the part's first token.
+    pub doc_pos: u64,
+    /// Tokens in the part, the end-of-document token included when the part holds it.
+    pub length: u64,
+    /// Of `length`, how many tokens are the document's own (the rest, 0 or 1, is its end token).
+    pub content: u64,
+    /// Where the part's first token goes in the batch (rows back to back).
+    pub flat: u64,
+    /// 1, 2, ... for the documents of a row, in row order.
+    pub segment: i32,
+}
+
+/// The parts of `rows` (each below `starts.last() / seq_len`), appended to `out` in row order.
+/// `eos`: whether each document's last stream token is its end token. Empty documents hold no
+/// token of any row and give no part.
+pub fn concat_parts(
+    starts: &[i64],
+    order: impl Fn(usize) -> u64,
+    seq_len: u64,
+    eos: bool,
+    rows: &[u64],
+    out: &mut Vec<Part>,
+) {
+    let s = seq_len as i64;
+    for (r, &row) in rows.iter().enumerate() {
+        let lo = row as i64 * s;
+        let hi = lo + s;
+        // The last document starting at or before `lo`, then every one starting before `hi`.
+        let first = starts.partition_point(|&v| v <= lo).saturating_sub(1);
+        let mut segment = 0;
+        let mut k = first;
+        while k + 1 < starts.len() && starts[k] < hi {
+            let (begin, end) = (starts[k], starts[k + 1]);
+            let part_lo = begin.max(lo);
+            let part_hi = end.min(hi);
+            if part_hi > part_lo {
+                segment += 1;
+                let length = (part_hi - part_lo) as u64;
+                let ends_here = eos && end <= hi;
+                out.push(Part {
+                    doc: order(k),
+                    doc_pos: (part_lo - begin) as u64,
+                    length,
+                    content: length - u64::from(ends_here),
+                    flat: r as u64 * seq_len + (part_lo - lo) as u64,
+                    segment,
+                });
+            }
+            k += 1;
+        }
+    }
+}
+
+/// Segment ids and positions of the tokens the parts cover (each token's position inside its
+/// document); tokens no part covers are left alone.
+pub fn fill_segments(parts: &[Part], segments: &mut [i32], positions: &mut [i32]) {
+    for p in parts {
+        let at = p.flat as usize..(p.flat + p.length) as usize;
+        segments[at.clone()].fill(p.segment);
+        for (t, pos) in positions[at].iter_mut().enumerate() {
+            *pos = (p.doc_pos + t as u64) as i32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Documents of lengths 3, 0, 5, 2 (with an end token each when `eos`).
+    fn stream(eos: bool) -> Vec<i64> {
+        let mut starts = vec![0i64];
+        for len in [3i64, 0, 5, 2] {
+            starts.push(starts.last().unwrap() + len + i64::from(eos));
+        }
+        starts
+    }
+
+    #[test]
+    fn rows_cover_the_stream_token_by_token() {
+        for eos in [false, true] {
+            let starts = stream(eos);
+            let total = *starts.last().unwrap() as u64;
+            for seq_len in 1..=total {
+                let rows: Vec<u64> = (0..total / seq_len).collect();
+                let mut parts = Vec::new();
+                concat_parts(&starts, |k| 10 + k as u64, seq_len, eos, &rows, &mut parts);
+                let covered: u64 = parts.iter().map(|p| p.length).sum();
+                assert_eq!(covered, rows.len() as u64 * seq_len, "eos {eos} seq_len {seq_len}");
+                // Every stream token appears once, at its place, with its document position.
+                let mut seen = vec![None; covered as usize];
+                for p in &parts {
+                    let k = (p.doc - 10) as usize;
+                    for t in 0..p.length {
+                        let stream_pos = starts[k] as u64 + p.doc_pos + t;
+                        assert!(seen[(p.flat + t) as usize].replace(stream_pos).is_none());
+                        assert_eq!(stream_pos, p.flat + t, "rows are the stream cut in order");
+                    }
+                    let own = (starts[k + 1] - starts[k]) as u64 - u64::from(eos);
+                    assert_eq!(p.content, p.length.min(own.saturating_sub(p.doc_pos)));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn segments_count_the_documents_of_each_row_and_positions_continue() {
+        let starts = stream(false); // 0..3 doc 0, doc 1 empty, 3..8 doc 2, 8..10 doc 3
+        let mut parts = Vec::new();
+        concat_parts(&starts, |k| k as u64, 4, false, &[0, 1], &mut parts);
+        let (mut seg, mut pos) = (vec![0; 8], vec![0; 8]);
+        fill_segments(&parts, &mut seg, &mut pos);
+        assert_eq!(seg, [1, 1, 1, 2, 1, 1, 1, 1]);
+        assert_eq!(pos, [0, 1, 2, 0, 1, 2, 3, 4]);
+        assert_eq!(parts.iter().map(|p| p.doc).collect::<Vec<_>>(), [0, 2, 2]);
+    }
+}
