@@ -36,6 +36,7 @@ import sysconfig
 import tempfile
 import time
 import tracemalloc
+from typing import Any
 
 import numpy as np
 
@@ -323,6 +324,55 @@ def codec_rows(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None
             print(f"| {codec}, {what} | {per * 1e6:,.0f} | {len(view.docs):,} |")
 
 
+def micro(repeats: int = 5) -> None:
+    """Per-batch costs without the loader's threads: a packed batch of 32 x 513 through the
+    native path and the NumPy reference, ``next()`` of an in-process loader, and the nanoGPT
+    slicing, one pool thread, best of ``repeats`` runs of 1000 calls (the same documents)."""
+    import loaderx
+
+    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-packing-micro-"))
+    try:
+        # Whole records (the native path): the few documents over 1 MiB are cut to it.
+        docs = [d[:(1 << 20) // d.itemsize] for d in documents(corpus_files())]
+        loaderx.from_iterator(root / "c", docs, codec="raw", progress=False)
+        fast = loaderx.pack(loaderx.RaggedDataset(root / "c"), 513, eos_id=0)
+        slow = loaderx.pack(loaderx.RaggedDataset(root / "c"), 513, eos_id=0)
+        slow._native = None
+        flat = np.concatenate(docs)
+        rng = np.random.default_rng(0)
+        rows = [rng.integers(0, len(fast), 32).astype(np.uint64) for _ in range(64)]
+        starts = [rng.integers(0, len(flat) - 514, 32) for _ in range(64)]
+        dst = np.zeros(32 * fast.record_bytes, np.uint8)
+        loaderx.set_num_threads(1)
+
+        def best(f: Any, n: int = 1000) -> float:
+            runs = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                for i in range(n):
+                    f(i % 64)
+                runs.append((time.perf_counter() - t) / n * 1e6)
+            return min(runs)
+
+        def packed(view: Any) -> Any:
+            return lambda i: (view.gather_rows(rows[i], dst, 1), view.segments(rows[i]))
+
+        base = best(lambda i: np.stack([flat[j:j + 513] for j in starts[i]]))
+        with loaderx.DataLoader({"t": fast}, batch_size=32, num_workers=0) as loader:
+            loop = best(lambda i: next(loader))
+        print("\n## Packed batch costs (32 x 513, one pool thread, best of "
+              f"{repeats} x 1000)\n")
+        print("| what | µs/batch |\n|---|---|")
+        print(f"| nanoGPT-style slices | {base:.0f} |")
+        print(f"| packed rows + segment ids/positions, native | {best(packed(fast)):.0f} |")
+        print(f"| packed rows + segment ids/positions, NumPy reference | "
+              f"{best(packed(slow), 300):.0f} |")
+        print(f"| next() of an in-process loader over the packed view | {loop:.0f} "
+              f"({base / loop:.2f}x the slices) |")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main(repeats: int = 5) -> None:
     root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-packing-"))
     try:
@@ -338,6 +388,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--micro", action="store_true", help="the per-batch costs alone")
     args = parser.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    main(args.repeats)
+    (micro if args.micro else main)(args.repeats)
