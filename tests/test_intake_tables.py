@@ -303,6 +303,25 @@ def test_bad_sources(tmp_path: pathlib.Path) -> None:
     assert not (tmp_path / "ds").exists() and leftovers(tmp_path) == []
 
 
+def test_codecs(tmp_path: pathlib.Path) -> None:
+    rng = np.random.default_rng(3)
+    table = pa.table({"text": ["a few words said again, " * 20] * 300,
+                      "noise": [rng.bytes(400) for _ in range(300)], "n": np.arange(300)})
+    from_arrow(tmp_path / "auto", table)
+    assert {c.name: c.codec for c in read_manifest(tmp_path / "auto").columns} == {
+        "text": "zstd", "noise": "raw", "n": "raw"}
+    from_arrow(tmp_path / "exact", table, codec={"noise": "zstd", "n": "zstd"})
+    assert {c.name: c.codec for c in read_manifest(tmp_path / "exact").columns} == {
+        "text": "zstd", "noise": "zstd", "n": "zstd"}
+    from_arrow(tmp_path / "raw", table, codec="raw")
+    assert {c.codec for c in read_manifest(tmp_path / "raw").columns} == {"raw"}
+    for name in ("auto", "exact", "raw"):
+        check_against(tmp_path / name, table)
+    with pytest.raises(DatasetError, match="'nope'"):
+        from_arrow(tmp_path / "x", table, codec={"nope": "raw"})
+    assert not (tmp_path / "x").exists()
+
+
 def test_existing_destination(tmp_path: pathlib.Path) -> None:
     from_arrow(tmp_path / "ds", pa.table({"a": [1, 2]}))
     with pytest.raises(DatasetError, match="overwrite=True"):

@@ -69,7 +69,7 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,7 +108,7 @@ def from_arrow(
     source: Any,
     *,
     columns: Sequence[str] | None = None,
-    codec: Codec = "zstd",
+    codec: Codec | Mapping[str, Codec] = "zstd",
     overwrite: bool = False,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     progress: bool | None = None,
@@ -118,9 +118,12 @@ def from_arrow(
 
     ``columns`` picks source columns (top-level names, or ``a.b`` for one field of a struct),
     in that order; the default is every column. ``codec`` (``"raw"``, ``"zstd"``,
-    ``"zstd_dict"``) applies to every column but those of records of at most 16 bytes, stored
-    raw. ``overwrite=True`` replaces a dataset at ``dst``. ``chunk_bytes`` bounds the decoded
-    bytes of one append (and so the memory used, about four times that). ``progress`` and
+    ``"zstd_dict"``) is every column's; ``"zstd"`` compresses where it pays -- columns of
+    records of at most 16 bytes, and those a trial on their first records shrinks by less than
+    10%, are stored raw (see :mod:`loaderx.intake.directory`). A dict ``{column: codec}`` sets
+    the codec of the columns it names exactly (the others get ``"zstd"``). ``overwrite=True``
+    replaces a dataset at ``dst``. ``chunk_bytes`` bounds the decoded bytes of one append
+    (and so the memory used: a few times that, plus pyarrow's own). ``progress`` and
     ``checksums`` are as in :func:`loaderx.from_numpy`. See the module docstring for sources
     and type mapping."""
     pa = _pyarrow()
@@ -131,12 +134,18 @@ def from_arrow(
                                f"(write columns=[{columns!r}])")
     src = _open_source(pa, source, chunk_bytes)
     plan = _plan(pa, src.schema, columns)
+    exact = dict(codec) if isinstance(codec, Mapping) else {}
+    unknown = sorted(set(exact) - {leaf.name for leaf in plan})
+    if unknown:
+        raise DatasetError(f"codec names columns that are not converted: {unknown}; the "
+                           f"columns are {[leaf.name for leaf in plan]}")
     desc = os.fspath(dst)
-    with DirectoryWriter(dst, overwrite=overwrite, codec=codec, checksums=checksums,
+    with DirectoryWriter(dst, overwrite=overwrite, checksums=checksums,
+                         codec="zstd" if isinstance(codec, Mapping) else codec,
                          extra={"source": src.kind}) as writer:
         for leaf in plan:
             writer.add_column(leaf.name, leaf.kind, leaf.dtype, leaf.item_shape,
-                              extra=leaf.extra)
+                              extra=leaf.extra, codec=exact.get(leaf.name))
         wanted = list(dict.fromkeys(leaf.fields[0] for leaf in plan))
         with _progress(progress, src.rows, desc) as bar, \
                 _ReadAhead(src.batches(wanted)) as batches:
