@@ -456,6 +456,28 @@ def test_duckdb_input(tmp_path: pathlib.Path) -> None:
     assert decode_strings(ds["name"][[5]]) == ["n5"]
 
 
+def test_hugging_face_dataset_input(tmp_path: pathlib.Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features({"label": datasets.ClassLabel(names=["neg", "pos"]),
+                                  "text": datasets.Value("string"),
+                                  "emb": datasets.Sequence(datasets.Value("float32"), length=2)})
+    ds = datasets.Dataset.from_dict({"label": [i % 2 for i in range(100)],
+                                     "text": [f"t{i}" for i in range(100)],
+                                     "emb": [[i, -i] for i in range(100)]}, features=features)
+    view = ds.shuffle(seed=5).select(range(10, 60))  # an indices mapping: not the table's order
+    assert from_arrow(tmp_path / "ds", view) == 50
+    got = open_dataset(tmp_path / "ds")
+    assert decode_strings(got["text"][np.arange(50)]) == view["text"]
+    assert got["label"][np.arange(50)].tolist() == view["label"]
+    assert got["emb"][np.arange(50)].tolist() == view["emb"]
+    m = read_manifest(tmp_path / "ds")
+    assert m.column("label").extra["classes"] == ["neg", "pos"]
+    assert m.extra == {"source": "huggingface"}
+
+
 def test_loader_over_a_converted_table(tmp_path: pathlib.Path) -> None:
     n = 500
     table = pa.table({"id": np.arange(n), "text": [str(i) for i in range(n)],
