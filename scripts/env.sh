@@ -14,7 +14,7 @@ export VIRTUAL_ENV="$ROOT/.venv"
 export PATH="$ROOT/.venv/bin:$PATH"
 unset CONDA_PREFIX PYTHONHOME
 stamp=".venv/.deps-installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/env.sh -nt "$stamp" ]; then
     "$VPY" -m pip install -q --disable-pip-version-check "maturin>=1.7,<2" "numpy>=1.24" "msgpack>=1.0" \
         "pytest>=7" "hypothesis>=6" "mypy>=1.10" "ruff>=0.6" "Pillow>=9" \
         "pyarrow>=18" "pandas>=2" "polars>=1" "dask>=2024.1" "distributed>=2024.1" \
