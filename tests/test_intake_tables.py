@@ -699,3 +699,12 @@ def test_cli_errors_are_one_line_with_the_exit_status(tmp_path: pathlib.Path) ->
         assert words in run.stderr and "Traceback" not in run.stderr
         assert len(run.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_module_doctest() -> None:
+    import doctest
+
+    import loaderx.intake.tables
+
+    result = doctest.testmod(loaderx.intake.tables)
+    assert result.attempted > 0 and result.failed == 0
