@@ -63,8 +63,9 @@ directory a store, so a half-moved dataset never opens as one. A kill in between
 forward).
 
 Leftovers of earlier loaderx versions (``<name>.loaderx-new-<pid>[.old]``,
-``<name>.copying-<pid>``, ``<name>.unpacking-<pid>``, ``<name>.packing-<pid>``) are recognised by a dead process id and removed; an interrupted
-replacement of theirs (the target missing, ``.old`` present) is rolled back.
+``<name>.copying-<pid>``, ``<name>.unpacking-<pid>``, ``<name>.packing-<pid>``) are recognised
+by a dead process id and removed; an interrupted replacement of theirs (the target missing,
+``.old`` present) is rolled back.
 
 For the crash tests, :data:`_hook` (a callable, or None) is called with the name of each step
 just before it is taken (see :func:`_step`).
