@@ -132,7 +132,7 @@ def read(path: str) -> Schema:
         raise DatasetError(f"{path} has no {SCHEMA_FILE}: {what}")
     if not is_store(path):
         raise CorruptStoreError(f"{path} has a {SCHEMA_FILE} but no {META_FILE}")
-    raw = _read_regular(file)
+    raw = read_regular(file)
     try:
         body = msgpack.unpackb(raw, strict_map_key=False)
     except Exception as e:  # msgpack raises several unrelated types for bad input
@@ -140,41 +140,42 @@ def read(path: str) -> Schema:
     return parse(body, file)
 
 
-def _read_regular(file: str) -> bytes:
-    """The bytes of ``file``, which must be a regular file of at most :data:`MAX_SCHEMA_BYTES`.
+def read_regular(file: str, limit: int = MAX_SCHEMA_BYTES,
+                 what: str = f"a store's {SCHEMA_FILE}") -> bytes:
+    """The bytes of ``file``, which must be a regular file of at most ``limit`` bytes (``what``
+    names it in the errors: a store's schema, a dataset directory's manifest).
 
     Anything else is refused as a corrupt store, never followed or waited on: a symbolic link
     could make the store read (and a later conversion report) a file outside it, a FIFO would
     block the open or the read forever, a device could be endless.
     """
+    def not_regular(kind: str) -> CorruptStoreError:
+        return CorruptStoreError(f"{file} is {kind}, not a regular file; {what} must be a "
+                                 "regular file inside it")
+
     # Checked before opening too, so that a device node is never opened (opening some has
     # effects); the fstat below catches a file swapped in between.
     mode = os.lstat(file).st_mode
     if not stat.S_ISREG(mode):
-        raise CorruptStoreError(f"{file} is {_kind_of(mode)}, not a regular file; a store's "
-                                f"{SCHEMA_FILE} must be a regular file inside it")
+        raise not_regular(_kind_of(mode))
     try:
         # O_NONBLOCK: opening a FIFO would otherwise wait for a writer; no effect on files.
         fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         if e.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
-            raise CorruptStoreError(f"{file} is a symbolic link; a store's {SCHEMA_FILE} "
-                                    "must be a regular file inside it") from None
-        if e.errno == errno.ENXIO:  # a socket, or a device without a driver
-            raise CorruptStoreError(f"{file} is {_kind_of(os.lstat(file).st_mode)}, not a "
-                                    f"regular file; a store's {SCHEMA_FILE} must be a regular "
-                                    "file inside it") from None
+            raise not_regular("a symbolic link") from None
+        if e.errno in (errno.ENXIO, errno.EISDIR):  # a socket, a device without a driver
+            raise not_regular(_kind_of(os.lstat(file).st_mode)) from None
         raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise CorruptStoreError(f"{file} is {_kind_of(st.st_mode)}, not a regular file; "
-                                    f"a store's {SCHEMA_FILE} must be a regular file inside it")
-        if st.st_size > MAX_SCHEMA_BYTES:
-            raise CorruptStoreError(f"{file} is {st.st_size} bytes, over the "
-                                    f"{MAX_SCHEMA_BYTES}-byte limit of a schema")
+            raise not_regular(_kind_of(st.st_mode))
+        if st.st_size > limit:
+            raise CorruptStoreError(f"{file} is {st.st_size} bytes, over the {limit}-byte "
+                                    f"limit of {what}")
         parts = []
-        left = MAX_SCHEMA_BYTES + 1  # one more, to notice a file that grew since fstat
+        left = limit + 1  # one more, to notice a file that grew since fstat
         while left > 0:
             part = os.read(fd, left)
             if not part:
@@ -184,8 +185,8 @@ def _read_regular(file: str) -> bytes:
     finally:
         os.close(fd)
     raw = b"".join(parts)
-    if len(raw) > MAX_SCHEMA_BYTES:
-        raise CorruptStoreError(f"{file} is over the {MAX_SCHEMA_BYTES}-byte limit of a schema")
+    if len(raw) > limit:
+        raise CorruptStoreError(f"{file} is over the {limit}-byte limit of {what}")
     return raw
 
 

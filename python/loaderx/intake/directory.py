@@ -80,7 +80,6 @@ import math
 import os
 import re
 import shutil
-import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -239,34 +238,8 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
 def _read_bounded(file: str) -> bytes:
     """The bytes of ``file``, a regular file (never a link, FIFO or device) of at most
     :data:`MAX_MANIFEST_BYTES`; CorruptStoreError otherwise."""
-    try:
-        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-            raise CorruptStoreError(f"{file} is not a regular file; a dataset directory's "
-                                    f"{MANIFEST_FILE} must be a regular file inside it") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptStoreError(f"{file} is not a regular file; a dataset directory's "
-                                    f"{MANIFEST_FILE} must be a regular file inside it")
-        if st.st_size > MAX_MANIFEST_BYTES:
-            raise CorruptStoreError(f"{file} is {st.st_size} bytes, over the "
-                                    f"{MAX_MANIFEST_BYTES}-byte limit of a manifest")
-        parts, left = [], MAX_MANIFEST_BYTES + 1
-        while left > 0:
-            part = os.read(fd, left)
-            if not part:
-                break
-            parts.append(part)
-            left -= len(part)
-    finally:
-        os.close(fd)
-    raw = b"".join(parts)
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise CorruptStoreError(f"{file} is over the {MAX_MANIFEST_BYTES}-byte limit")
-    return raw
+    return _schema.read_regular(file, MAX_MANIFEST_BYTES,
+                                f"a dataset directory's {MANIFEST_FILE}")
 
 
 def _is_count(value: Any, limit: int) -> bool:
