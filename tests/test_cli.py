@@ -283,38 +283,6 @@ def test_each_error_class_has_its_own_exit_status(monkeypatch, capsys):
             assert "a bug in loaderx" in err
 
 
-def test_verify_bounded_gives_one_report_from_either_engine():
-    from loaderx._verify import verify_bounded
-
-    failures = [(i, f"record {i} is damaged") for i in range(10)]
-
-    class Engine:  # the native module after max_listed: lists at most that many
-        def verify(self, max_listed):
-            return {"records": 10, "checked": 10, "unchecked": 0, "failed": 10,
-                    "failures": failures[:max_listed]}
-
-    class Before:  # a native module from before it: every failure listed
-        def verify(self):
-            return {"records": 10, "checked": 10, "unchecked": 0,
-                    "failures": list(reversed(failures))}
-
-    class Wrapper:  # loaderx.zrecord.Zrecord over an older native module
-        _native = Before()
-
-        def verify(self, max_listed=1000):
-            return self._native.verify(max_listed)
-
-    for store in (Engine(), Wrapper()):
-        report = verify_bounded(store, 3)
-        assert report["failed"] == 10 and report["failures"] == failures[:3], store
-
-
-def _bounded_verify_in_engine() -> bool:
-    from loaderx import _native
-
-    return "max_listed" in (_native.Zrecord.verify.__text_signature__ or "")
-
-
 def _peak_rss_of_verify(path) -> int:
     code = ("import resource, sys\nfrom loaderx.cli import main\nr = main(sys.argv[1:])\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, r)")
@@ -324,8 +292,6 @@ def _peak_rss_of_verify(path) -> int:
     return int(proc.stdout.split()[-2]) * 1024
 
 
-@pytest.mark.skipif(not _bounded_verify_in_engine(),
-                    reason="needs a native module with Zrecord.verify(max_listed)")
 def test_verify_memory_does_not_grow_with_the_damage(tmp_path):
     """The finding: every failure message was kept (2.5 GB from a 10 KB archive). A million
     damaged records now cost what none do."""

@@ -248,12 +248,3 @@ def write(path: str, schema: Schema) -> None:
     through.
     """
     _native.replace_file(path, SCHEMA_FILE, schema.to_bytes())
-
-
-def fsync_dir(path: str) -> None:
-    """Makes the entries of directory ``path`` (creations, renames) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -38,8 +38,7 @@ from typing import Any, Literal
 from loaderx import _native, _schema, staging
 from loaderx._archive_stream import ArchiveStream
 from loaderx._tar_reader import Limits, Member, TarReader
-from loaderx._verify import verify_bounded
-from loaderx.copying import data_regions, held_still, store_files, write_sparse
+from loaderx.copying import data_regions, held_still, store_files, verified, write_sparse
 from loaderx.errors import CorruptStoreError, DatasetError
 
 __all__ = ["pack", "unpack"]
@@ -260,21 +259,9 @@ def unpack(archive: str | os.PathLike[str], dst: str | os.PathLike[str]) -> dict
     with staging.private_dir(dst, "unpacking") as tmp:
         written = _extract(archive, tmp)
         staging.fsync_dir(tmp)
-        records, report = _verified(tmp, archive)
+        records, report = verified(tmp, f"the store unpacked from {archive}:")
         staging.publish(tmp, dst)
     return {"records": records, "bytes_written": written, "verify": report}
-
-
-def _verified(path: str, archive: str) -> tuple[int, dict[str, Any]]:
-    from loaderx.zrecord import Zrecord
-
-    with Zrecord(path) as z:
-        report = verify_bounded(z, max_listed=3)
-        records = len(z)
-    if report["failed"]:
-        raise CorruptStoreError(f"the store unpacked from {archive} does not verify: "
-                                f"{report['failed']} damaged records, e.g. {report['failures']}")
-    return records, report
 
 
 class _Contents:

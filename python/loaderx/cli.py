@@ -43,7 +43,6 @@ from typing import Any
 import numpy as np
 
 from loaderx import _schema
-from loaderx._verify import verify_bounded
 from loaderx.errors import (
     CorruptStoreError,
     InternalError,
@@ -354,7 +353,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with _open(path) as z:
         # Only the first failures are kept (the engine counts the rest): memory stays bounded
         # however much of the store is damaged.
-        report = verify_bounded(z, args.max_listed)
+        report = z.verify(max_listed=args.max_listed)
         failures = list(report["failures"])
         damaged = report["failed"]
         if schema is not None and len(z):

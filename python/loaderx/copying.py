@@ -130,7 +130,7 @@ def copy_files(src: str, dst: str) -> tuple[int, int]:
         path = os.path.join(src, name)
         copied += _copy_sparse(path, os.path.join(dst, name))
         apparent += os.path.getsize(path)
-    _schema.fsync_dir(dst)
+    staging.fsync_dir(dst)
     return copied, apparent
 
 

@@ -463,7 +463,8 @@ class DataLoader:
     def batch_indices(self, step: int) -> np.ndarray:
         """The record indices this process loads at ``step`` (a uint64 array; its shard of the
         global batch), without loading them."""
-        return self.global_batch_indices(step)[self._positions]
+        first = int(self._positions[0])
+        return self.global_batch_indices(step)[first:first + len(self._positions)]
 
     def global_batch_indices(self, step: int) -> np.ndarray:
         """The record indices of the whole global batch ``step``, every shard's rows."""
@@ -505,10 +506,13 @@ def _endless_rows(sampler: Sampler | None, positions: np.ndarray,
     """The rows of the endless loader's step: this shard's part of the sampler's batch. (A
     closure over the sampler, not the loader: the workers must not keep the loader alive.)"""
 
+    # The shard's rows are contiguous: a slice of the sampler's batch, not a gather of it.
+    first, last = (int(positions[0]), int(positions[-1]) + 1) if len(positions) else (0, 0)
+
     def rows_of(step: int) -> _Rows:
         if sampler is None:
             raise LoaderxValueError(refusal)
-        return _Rows(positions, sampler.batch(step)[positions], None)
+        return _Rows(positions, sampler.batch(step)[first:last], None)
 
     return rows_of
 
