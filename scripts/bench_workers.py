@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""Worker threads against worker processes (issue 22): rows of ``python scripts/bench.py loader``,
+or alone with ``python scripts/bench_workers.py [--repeats N] [--quick]``.
+
+Every table runs its rows interleaved (each repeat runs every row once, so a change of load
+hits all of them), on the same data in the same run, and shows medians; a ratio is also given
+per repeat (two rows that ran back to back), its median and range. Tables:
+
+* per-sample Python transform -- the loader benchmark's data (20000 records of 12 KiB, zstd
+  store, plus int64 labels, batch 256) with ``bench_loader.augment`` (a Python loop over the
+  samples of the batch doing small NumPy work each: it holds the GIL): the loader with 1 and 2
+  worker threads, with 2 worker processes, and torch's ``DataLoader`` with 2 worker processes
+  and the same transform on the same records (``np.load(mmap_mode='r')``, a batch fetched with
+  one fancy index through ``__getitems__``, as ``bench_loader.torch_run`` does);
+* identity transform -- the same data without a transform: the thread loader (its default
+  worker count) against 2 worker processes, what handing whole batches over shared memory costs
+  when there is nothing to parallelise;
+* torchvision -- ``transforms.v2`` per sample (``RandomResizedCrop(56)``,
+  ``RandomHorizontalFlip``, ``ToDtype(float32, scale=True)``) on 64x64x3 uint8 images from a
+  ``DenseDataset``, batch 128, stacked into one float tensor: the loader with 1 and 2 threads
+  and 2 processes, against torch's ``DataLoader`` with 2 worker processes over a map-style
+  dataset on the same ``DenseDataset`` (one image per ``__getitem__``, the same transform,
+  default collate), as a PyTorch user would write it; skipped where torchvision does not import;
+* memory -- RSS, PSS and USS (private pages) from ``/proc/<pid>/smaps_rollup`` of each worker
+  process and of the consumer after batch 100 and after 10,000 batches, process mode, start
+  methods fork and forkserver, in a fresh interpreter each. Records of 256 bytes plus int64
+  labels, batch 100; the transform looks up a per-record name in a list of 100,000 Python
+  strings (about 20 MiB of objects built by the consumer before the loader starts): under fork
+  a worker that touched the parent's objects would copy their pages (torch's copy-on-write
+  growth, pytorch #13246), so growth per worker is the figure to read;
+* default worker count -- the thread loader with the augment transform for
+  ``num_workers=None`` (the default) and 1, 2, 4.
+
+``--quick`` runs everything once with few batches: a smoke check, not figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+SCRIPTS = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(SCRIPTS))
+
+from bench_loader import (  # noqa: E402
+    BATCH,
+    SIZE,
+    NpyBatches,
+    augment,
+    time_iter,
+    torch_collate_batches,
+)
+from bench_store import make_data  # noqa: E402
+
+N = 20000
+PROCS = 2  # the worker processes of every process row (the cores of the reference machine)
+TV_N, TV_SIDE, TV_CROP, TV_BATCH = 4096, 64, 56, 128
+MEM_N, MEM_SIZE, MEM_BATCH, MEM_NAMES = 100_000, 256, 100, 100_000
+
+
+class Plan:
+    """Batches per timed run of each table (``--quick`` shrinks them all)."""
+
+    def __init__(self, quick: bool) -> None:
+        scale = 10 if quick else 1
+        self.augment = 600 // scale
+        self.identity = 2000 // scale
+        self.tv = 16 if quick else 80
+        self.memory = 1000 if quick else 10_000
+        self.warm = 5 if quick else 20
+
+
+# -- loaderx -------------------------------------------------------------------------------------
+
+
+def loaderx_rate(streams_fn: Callable[[], dict[str, Any]], batches: int, warm: int,
+                 info: dict[str, Any] | None = None, **kw: Any) -> float:
+    """Batches per second of one ``DataLoader`` run; ``info`` receives what the loader chose."""
+    from loaderx.dataloader import DataLoader
+
+    streams = streams_fn()
+    try:
+        with DataLoader(streams, **kw) as loader:
+            elapsed = time_iter(loader, batches, warm=warm)
+            if info is not None:
+                info["num_workers"] = loader.num_workers
+                info["start_method"] = getattr(loader, "start_method", None)
+    finally:
+        for ds in streams.values():
+            ds.close()
+    return batches / elapsed
+
+
+def endless(loader):
+    while True:
+        yield from loader
+
+
+# -- torch ---------------------------------------------------------------------------------------
+
+
+def torch_augment_rate(root: pathlib.Path, batches: int, warm: int) -> float:
+    """torch's DataLoader, 2 worker processes, whole batches through ``__getitems__``, the same
+    ``augment`` transform (``bench_loader.torch_run`` with ``PROCS`` workers)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    torch.set_num_threads(1)
+    loader = DataLoader(NpyBatches(str(root), augment), batch_size=BATCH, shuffle=True,
+                        num_workers=PROCS, persistent_workers=True,
+                        collate_fn=torch_collate_batches)
+    try:
+        return batches / time_iter(endless(loader), batches, warm=warm)
+    finally:
+        del loader
+
+
+# -- torchvision ---------------------------------------------------------------------------------
+
+# Built once per process (a worker process builds its own on its first batch).
+_TV: dict[int, Any] = {}
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+def tv_pipeline() -> Any:
+    pid = os.getpid()
+    if pid not in _TV:
+        import torch
+        from torchvision.transforms import v2
+
+        torch.set_num_threads(1)  # as torch does in its workers: one core per worker
+        _TV.clear()
+        _TV[pid] = v2.Compose([v2.RandomResizedCrop(TV_CROP, antialias=True),
+                               v2.RandomHorizontalFlip(),
+                               v2.ToDtype(torch.float32, scale=True)])
+    return _TV[pid]
+
+
+def tv_augment(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    """loaderx's transform: the v2 pipeline per image of the batch, stacked."""
+    import torch
+
+    pipe = tv_pipeline()
+    images = torch.from_numpy(batch["image"]).permute(0, 3, 1, 2)
+    return {"image": torch.stack([pipe(img) for img in images]),
+            "label": torch.from_numpy(batch["label"])}
+
+
+class TvItems:
+    """torch's map-style dataset over the same ``DenseDataset`` pair: one image per item."""
+
+    def __init__(self, root: str) -> None:
+        from loaderx.dataset import DenseDataset
+
+        # DenseDatasets pickle by path: each torch worker reopens the stores.
+        self.image = DenseDataset(os.path.join(root, "tv-image"))
+        self.label = DenseDataset(os.path.join(root, "tv-label"))
+
+    def __len__(self) -> int:
+        return len(self.image)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        import torch
+
+        img = torch.from_numpy(self.image[i]).permute(2, 0, 1)
+        return tv_pipeline()(img), int(self.label[i])
+
+
+def torch_tv_rate(root: pathlib.Path, batches: int, warm: int) -> float:
+    import torch
+    from torch.utils.data import DataLoader
+
+    torch.set_num_threads(1)
+    loader = DataLoader(TvItems(str(root)), batch_size=TV_BATCH, shuffle=True,
+                        num_workers=PROCS, persistent_workers=True)
+    try:
+        return batches / time_iter(endless(loader), batches, warm=warm)
+    finally:
+        del loader
+
+
+def make_tv_data(root: pathlib.Path) -> None:
+    from loaderx.converter import from_numpy
+
+    rng = np.random.default_rng(22)
+    y, x = np.mgrid[0:TV_SIDE, 0:TV_SIDE]
+    base = np.stack([x * 4, y * 4, (x + y) * 2], axis=-1).astype(np.int16)
+    noise = rng.integers(-20, 21, size=(TV_N, TV_SIDE, TV_SIDE, 3), dtype=np.int16)
+    images = np.clip(base + noise, 0, 255).astype(np.uint8)
+    from_numpy(root / "tv-image", images, codec="raw", progress=False)
+    from_numpy(root / "tv-label", np.arange(TV_N, dtype=np.int64) % 100, codec="raw",
+               progress=False)
+
+
+# -- measuring -----------------------------------------------------------------------------------
+
+
+def interleaved(runs: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Each repeat runs every row once; returns each row's batches/s per repeat."""
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            rates[name].append(fn())
+    return rates
+
+
+def ratio_text(rates: dict[str, list[float]], num: str, den: str) -> str:
+    """``num / den``: of the medians, and per repeat (median, range)."""
+    pairs = sorted(a / b for a, b in zip(rates[num], rates[den], strict=True))
+    of_medians = statistics.median(rates[num]) / statistics.median(rates[den])
+    spread = f"{pairs[0]:.2f}..{pairs[-1]:.2f}" if len(pairs) > 1 else "one repeat"
+    return (f"{of_medians:.2f}x (per repeat {statistics.median(pairs):.2f}x median, "
+            f"{spread})")
+
+
+def ratio(rates: dict[str, list[float]], num: str, den: str) -> float:
+    return statistics.median(rates[num]) / statistics.median(rates[den])
+
+
+def table(rates: dict[str, list[float]], batch: int, ref: str | None) -> None:
+    print(f"| loader | batches/s | ms/batch | samples/s | vs {ref or '-'} |")
+    print("|---|---|---|---|---|")
+    for name, r in rates.items():
+        bps = statistics.median(r)
+        vs = f"{ratio(rates, name, ref):.2f}x" if ref in rates else "-"
+        print(f"| {name} | {bps:,.1f} | {1e3 / bps:.2f} | {bps * batch:,.0f} | {vs} |")
+
+
+def target(label: str, value: float, goal: float) -> str:
+    return f"{label}: {value:.2f}x (target >= {goal}x: {'met' if value >= goal else 'NOT met'})"
+
+
+def has(module: str) -> str | None:
+    """None when ``module`` imports, else why not."""
+    try:
+        __import__(module)
+    except Exception as e:  # ImportError, or a broken install (a wheel for another torch)
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+# -- the tables ----------------------------------------------------------------------------------
+
+
+def augment_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
+    from loaderx.dataset import DenseDataset
+
+    def streams():
+        return {"data": DenseDataset(root / "data-zstd"), "label": DenseDataset(root / "label")}
+
+    b, w = plan.augment, plan.warm
+    chosen: dict[str, Any] = {}
+    runs: dict[str, Callable[[], float]] = {
+        "threads, 1 worker": lambda: loaderx_rate(streams, b, w, batch_size=BATCH,
+                                                  num_workers=1, transform=augment),
+        "threads, 2 workers": lambda: loaderx_rate(streams, b, w, batch_size=BATCH,
+                                                   num_workers=2, transform=augment),
+        f"processes, {PROCS} workers": lambda: loaderx_rate(
+            streams, b, w, chosen, batch_size=BATCH, num_workers=PROCS, transform=augment,
+            worker_mode="process"),
+    }
+    torch_missing = has("torch")
+    if torch_missing is None:
+        runs[f"torch, {PROCS} worker processes"] = lambda: torch_augment_rate(root, b, w)
+    rates = interleaved(runs, repeats)
+    print(f"\n## Worker threads and processes, per-sample Python transform (augment) -- {N} "
+          f"records of {SIZE // 1024} KiB (zstd) + int64 labels, batch {BATCH}, medians of "
+          f"{repeats} x {b} batches\n")
+    table(rates, BATCH, f"torch, {PROCS} worker processes" if torch_missing is None else None)
+    proc = f"processes, {PROCS} workers"
+    print(f"\nprocess workers: start method {chosen.get('start_method')!r}")
+    print(f"processes / threads-1: {ratio_text(rates, proc, 'threads, 1 worker')}")
+    print(f"processes / threads-2: {ratio_text(rates, proc, 'threads, 2 workers')}")
+    best = max(ratio(rates, proc, "threads, 1 worker"), ratio(rates, proc, "threads, 2 workers"))
+    print(target("processes / the better thread row", best, 1.8))
+    if torch_missing is None:
+        t = f"torch, {PROCS} worker processes"
+        print(f"processes / torch: {ratio_text(rates, proc, t)}")
+        print(target("processes / torch", ratio(rates, proc, t), 1.2))
+    else:
+        print(f"torch row skipped: {torch_missing}")
+
+
+def identity_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
+    from loaderx.dataset import DenseDataset
+
+    def streams():
+        return {"data": DenseDataset(root / "data-zstd"), "label": DenseDataset(root / "label")}
+
+    b, w = plan.identity, plan.warm
+    default: dict[str, Any] = {}
+    runs = {
+        "threads, default workers": lambda: loaderx_rate(streams, b, w, default,
+                                                         batch_size=BATCH),
+        f"processes, {PROCS} workers": lambda: loaderx_rate(
+            streams, b, w, batch_size=BATCH, num_workers=PROCS, worker_mode="process"),
+    }
+    rates = interleaved(runs, repeats)
+    print(f"\n## Identity transform -- the same data, batch {BATCH}, medians of {repeats} x {b} "
+          f"batches\n")
+    table(rates, BATCH, "threads, default workers")
+    print(f"\nthread loader default: num_workers={default.get('num_workers')}")
+    proc = f"processes, {PROCS} workers"
+    print(f"processes / threads: {ratio_text(rates, proc, 'threads, default workers')}")
+    print(target("processes / threads", ratio(rates, proc, "threads, default workers"), 0.8))
+
+
+def torchvision_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
+    missing = has("torchvision.transforms.v2")
+    if missing is not None:
+        print(f"\n## torchvision.transforms.v2: skipped ({missing})")
+        return
+    from loaderx.dataset import DenseDataset
+
+    make_tv_data(root)
+
+    def streams():
+        return {"image": DenseDataset(root / "tv-image"), "label": DenseDataset(root / "tv-label")}
+
+    b, w = plan.tv, max(2, plan.warm // 4)
+    chosen: dict[str, Any] = {}
+    kw = {"batch_size": TV_BATCH, "transform": tv_augment}
+    runs = {
+        "threads, 1 worker": lambda: loaderx_rate(streams, b, w, num_workers=1, **kw),
+        "threads, 2 workers": lambda: loaderx_rate(streams, b, w, num_workers=2, **kw),
+        f"processes, {PROCS} workers": lambda: loaderx_rate(
+            streams, b, w, chosen, num_workers=PROCS, worker_mode="process", **kw),
+        f"torch, {PROCS} worker processes": lambda: torch_tv_rate(root, b, w),
+    }
+    import torch
+    import torchvision
+
+    torch.set_num_threads(1)  # the thread rows run the pipeline in this process
+    rates = interleaved(runs, repeats)
+    print(f"\n## torchvision.transforms.v2 per sample -- {TV_N} images {TV_SIDE}x{TV_SIDE}x3 "
+          f"uint8, RandomResizedCrop({TV_CROP}) + RandomHorizontalFlip + ToDtype(float32), "
+          f"batch {TV_BATCH}, torch {torch.__version__}, torchvision {torchvision.__version__}, "
+          f"medians of {repeats} x {b} batches\n")
+    t = f"torch, {PROCS} worker processes"
+    table(rates, TV_BATCH, t)
+    proc = f"processes, {PROCS} workers"
+    print(f"\nprocess workers: start method {chosen.get('start_method')!r}")
+    print(f"processes / threads-1: {ratio_text(rates, proc, 'threads, 1 worker')}")
+    print(f"processes / threads-2: {ratio_text(rates, proc, 'threads, 2 workers')}")
+    print(f"processes / torch: {ratio_text(rates, proc, t)}")
+
+
+def workers_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
+    from loaderx.dataset import DenseDataset
+
+    def streams():
+        return {"data": DenseDataset(root / "data-zstd"), "label": DenseDataset(root / "label")}
+
+    b, w = plan.augment, plan.warm
+    default: dict[str, Any] = {}
+    runs = {"num_workers=None (default)": lambda: loaderx_rate(
+        streams, b, w, default, batch_size=BATCH, num_workers=None, transform=augment)}
+    for n in (1, 2, 4):
+        runs[f"num_workers={n}"] = (lambda n=n: loaderx_rate(
+            streams, b, w, batch_size=BATCH, num_workers=n, transform=augment))
+    rates = interleaved(runs, repeats)
+    cores = len(os.sched_getaffinity(0))
+    print(f"\n## Default worker count, threads, augment transform -- {cores} usable cores, "
+          f"medians of {repeats} x {b} batches\n")
+    table(rates, BATCH, "num_workers=1")
+    print(f"\nnum_workers=None chose {default.get('num_workers')} threads")
+
+
+# -- memory (in a fresh interpreter per start method) --------------------------------------------
+
+
+def smaps(pid: int) -> dict[str, int]:
+    """RSS, PSS and USS (private clean + dirty) of ``pid`` in KiB."""
+    fields: dict[str, int] = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == "kB":
+                fields[parts[0].rstrip(":")] = int(parts[1])
+    return {"rss": fields["Rss"], "pss": fields["Pss"],
+            "uss": fields["Private_Clean"] + fields["Private_Dirty"]}
+
+
+class NameLookup:
+    """The memory rows' transform: each record's name looked up in a list of Python strings,
+    as a dataset's metadata might be (a Python loop touching the parent's objects)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        names = self.names
+        lengths = [len(names[i]) for i in batch["label"].tolist()]
+        return {"data": batch["data"], "label": batch["label"],
+                "name_len": np.asarray(lengths, dtype=np.int32)}
+
+
+def memory_run(root: pathlib.Path, method: str, batches: int) -> dict[str, Any]:
+    from loaderx.dataloader import DataLoader
+    from loaderx.dataset import DenseDataset
+
+    names = [f"record {i:06d} " + "x" * (150 + i % 50) for i in range(MEM_NAMES)]
+    streams = {"data": DenseDataset(root / "mem-data"), "label": DenseDataset(root / "mem-label")}
+    with DataLoader(streams, batch_size=MEM_BATCH, num_workers=PROCS, worker_mode="process",
+                    start_method=method, transform=NameLookup(names)) as loader:
+        for _ in range(100):
+            next(loader)
+        pids = list(loader.worker_pids)
+        first = {"consumer": smaps(os.getpid()), **{f"worker {i}": smaps(p)
+                                                    for i, p in enumerate(pids)}}
+        for _ in range(batches):
+            next(loader)
+        last = {"consumer": smaps(os.getpid()), **{f"worker {i}": smaps(p)
+                                                   for i, p in enumerate(pids)}}
+        chosen = loader.start_method
+    for ds in streams.values():
+        ds.close()
+    return {"method": chosen, "first": first, "last": last}
+
+
+def memory_table(root: pathlib.Path, plan: Plan) -> None:
+    from loaderx.converter import from_numpy
+
+    from_numpy(root / "mem-data", make_data(MEM_N, MEM_SIZE, seed=3), codec="raw",
+               progress=False)
+    from_numpy(root / "mem-label", np.arange(MEM_N, dtype=np.int64), codec="raw",
+               progress=False)
+    total = plan.memory + 100
+    print(f"\n## Memory of process workers -- {MEM_N} records of {MEM_SIZE} B + int64 labels, "
+          f"batch {MEM_BATCH}, {PROCS} workers, a transform reading a list of {MEM_NAMES} "
+          f"Python strings the consumer built; smaps_rollup after batch 100 and after batch "
+          f"{total:,} (MiB)\n")
+    print("| start method | process | RSS @100 | PSS @100 | USS @100 | RSS @end | PSS @end "
+          "| USS @end | growth RSS | growth PSS | growth USS |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for method in ("fork", "forkserver"):
+        proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_workers.py"), "--memory",
+                               str(root), method, str(plan.memory)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            print(f"| {method} | failed: {tail} |")
+            continue
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        for who, a in out["first"].items():
+            z = out["last"][who]
+            cells = [a["rss"], a["pss"], a["uss"], z["rss"], z["pss"], z["uss"]]
+            growth = [z[k] - a[k] for k in ("rss", "pss", "uss")]
+            print(f"| {out['method']} | {who} | "
+                  + " | ".join(f"{c / 1024:.1f}" for c in cells) + " | "
+                  + " | ".join(f"{g / 1024:+.1f}" for g in growth) + " |")
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+NOTE = """
+What the ratios mean (on any machine):
+* processes / threads (augment, torchvision): how much a transform that holds the GIL gains from
+  worker processes. Threads serialize on the GIL, so their rate stays near one core's; processes
+  scale with the cores, up to about the number of workers (2 here) less the cost of the
+  consumer's own work and of the hand-over.
+* processes / torch: the same transform and the same number of worker processes on both sides,
+  so the ratio is the cost of the hand-over: loaderx builds each batch straight into shared
+  memory the consumer maps (no pickle, no copy), torch pickles the batch and puts each tensor in
+  a shared-memory segment of its own.
+* identity, processes / threads: with nothing to parallelise the threads are already fast (the
+  gather releases the GIL); the ratio is what the process machinery costs, at most 1 plus noise.
+* memory growth per worker: pages a worker gains over the run; under fork, growth means the
+  worker copied pages of the consumer it inherited (copy-on-write), so it should stay near 0.
+"""
+
+
+def main(repeats: int = 5, quick: bool = False) -> None:
+    plan = Plan(quick)
+    if quick:
+        repeats = 1
+    # Worker processes started by forkserver or spawn import this module (the transforms live
+    # here) and bench_loader: they need the scripts folder on their path.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(SCRIPTS), os.environ.get("PYTHONPATH", "")) if p)
+    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-workers-"))
+    try:
+        from loaderx.converter import from_numpy
+
+        data = make_data(N, SIZE)
+        label = np.arange(N, dtype=np.int64) % 1000
+        np.save(root / "data.npy", data)
+        np.save(root / "label.npy", label)
+        from_numpy(root / "data-zstd", data, codec="zstd", progress=False)
+        from_numpy(root / "label", label, codec="raw", progress=False)
+        del data
+        augment_table(root, plan, repeats)
+        identity_table(root, plan, repeats)
+        torchvision_table(root, plan, repeats)
+        memory_table(root, plan)
+        workers_table(root, plan, repeats)
+        print(NOTE)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def cli() -> None:
+    if sys.argv[1:2] == ["--memory"]:
+        root, method, batches = sys.argv[2], sys.argv[3], int(sys.argv[4])
+        print(json.dumps(memory_run(pathlib.Path(root), method, batches)))
+        return
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5, help="runs per figure (median)")
+    parser.add_argument("--quick", action="store_true",
+                        help="every row once with few batches (a smoke check)")
+    args = parser.parse_args()
+    main(args.repeats, args.quick)
+
+
+if __name__ == "__main__":
+    # Run through the module's own name, so that the transforms pickle as bench_workers.* (a
+    # worker process imports them from there) rather than as __main__.*.
+    import bench_workers
+
+    bench_workers.cli()
