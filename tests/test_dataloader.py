@@ -245,12 +245,18 @@ def test_a_stop_iteration_in_the_transform_does_not_end_a_for_loop(streams):
 
 def test_a_stop_iteration_while_building_a_batch_is_an_error_too(streams):
     loader = DataLoader(streams, batch_size=4, num_workers=2)
-    name, ds, _, *rest = loader._pipe.streams[0]
+    stream = loader._pipe.builder.streams[0]
 
-    def gather(*args):
-        raise StopIteration
+    class Exhausted:
+        """The stream, with a gather that raises StopIteration."""
 
-    loader._pipe.streams[0] = (name, ds, gather, *rest)
+        def __getattr__(self, name):
+            return getattr(stream.ds, name)
+
+        def gather_rows(self, *args):
+            raise StopIteration
+
+    loader._pipe.builder.streams[0] = stream._replace(ds=Exhausted())
     with pytest.raises(RuntimeError, match="building the batch raised StopIteration at step 0") \
             as info:
         for _ in loader:

@@ -115,14 +115,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from loaderx import _native
+from loaderx._batch import Builder, ContextMaker, EndlessRows, Failure, Job, PassRows
 from loaderx._recycle import BufferPool, GrowingPool
-from loaderx.context import BatchContext
-from loaderx.dataset import _ragged_layout, _ragged_views
 from loaderx.errors import LoaderClosedError, LoaderxTypeError, LoaderxValueError
 from loaderx.sampler import (
     _MAX_BATCH,
@@ -135,6 +133,8 @@ from loaderx.sampler import (
     normalize_seed,
 )
 from loaderx.source import DenseSource, RaggedSource, is_dense_source, is_ragged_source
+from loaderx.workers import ProcessPipeline, default_workers
+from loaderx.workers.start import METHODS
 
 #: What a loader stream may be: anything that implements :class:`loaderx.source.DenseSource`
 #: (a DenseDataset, or a dense ConcatDataset or Subset) or
@@ -142,6 +142,8 @@ from loaderx.source import DenseSource, RaggedSource, is_dense_source, is_ragged
 Stream = DenseSource | RaggedSource
 
 __all__ = ["DataLoader", "Pass", "Stream"]
+
+_WORKER_MODES = ("thread", "process")
 
 _STATE_VERSION = 2
 _STATE_KEYS = ("length", "batch_size", "mode", "seed", "step")
@@ -218,7 +220,7 @@ class DataLoader:
         streams: Mapping[str, Stream],
         *,
         batch_size: int = 256,
-        num_workers: int = 4,
+        num_workers: int | None = None,
         prefetch_size: int = 4,
         mode: ModeLike = "cyclic",
         seed: Any = 42,
@@ -227,6 +229,8 @@ class DataLoader:
         shard_index: int = 0,
         shard_count: int = 1,
         readahead: int | None = None,
+        worker_mode: str = "thread",
+        start_method: str | None = None,
     ) -> None:
         if not isinstance(streams, Mapping) or not streams:
             raise LoaderxValueError("streams must be a non-empty dict of {name: DenseDataset}")
@@ -249,7 +253,16 @@ class DataLoader:
         if not callable(transform):
             raise LoaderxTypeError(f"transform must be callable, got {type(transform).__name__}")
         self._streams = dict(streams)
-        self._num_workers = _u64(num_workers, "num_workers", 0)
+        if worker_mode not in _WORKER_MODES:
+            raise LoaderxValueError(f"worker_mode must be one of {_WORKER_MODES}, got "
+                                    f"{worker_mode!r}")
+        if start_method not in (None, "auto", *METHODS):
+            raise LoaderxValueError(f"start_method must be None, 'auto' or one of {METHODS}, "
+                                    f"got {start_method!r}")
+        self._worker_mode = worker_mode
+        self._start_method = start_method
+        self._num_workers = (default_workers(worker_mode) if num_workers is None
+                             else _u64(num_workers, "num_workers", 0))
         self._prefetch = _u64(prefetch_size, "prefetch_size", 1)
         self._length = length
         self._batch_size = _u64(batch_size, "batch_size", 1)
@@ -271,10 +284,10 @@ class DataLoader:
         self._readahead = ahead
         index, count, rows = self._shard
         self._positions = np.arange(index * rows, (index + 1) * rows, dtype=np.int64)
-        self._pipe = _Pipeline(
-            self._streams, _u64(start_step, "start_step", 0),
-            _endless_rows(self._sampler, self._positions, self._cannot_sample()),
-            self._job(transform, None), self._num_workers, self._prefetch, rows, ahead)
+        self._pipe = self._pipeline(
+            EndlessRows(self._sampler, self._positions, self._cannot_sample()),
+            self._job(transform, None), _u64(start_step, "start_step", 0), rows, ahead, None,
+            None)
         # Stops the threads when the loader is dropped, and at interpreter exit (finalize's
         # atexit hook), so no prefetch thread is inside a gather while the interpreter ends.
         self._finalizer = weakref.finalize(self, self._pipe.stop)
@@ -283,16 +296,22 @@ class DataLoader:
         # and seek() makes them drop what they hold.
         self._readers_ahead: weakref.WeakSet[Any] = weakref.WeakSet()
 
-    def _job(self, transform: Callable[..., Any], pass_id: int | None) -> _Job:
+    def _pipeline(self, rows_of: Callable[[int], Any], job: Job, start_step: int, rows: int,
+                  readahead: int, steps: int | None, mask_key: str | None) -> Any:
+        """The thread or process pipeline that builds this loader's (or a pass's) batches."""
+        if self._worker_mode == "process" and self._num_workers > 0:
+            return ProcessPipeline(self._streams, rows_of, job, mask_key, start_step,
+                                   self._num_workers, self._prefetch, readahead, steps,
+                                   self._start_method)
+        builder = Builder(self._streams, rows_of, job, self._num_workers, mask_key)
+        return _Pipeline(builder, start_step, self._num_workers, self._prefetch, rows,
+                         readahead, steps)
+
+    def _job(self, transform: Callable[..., Any], pass_id: int | None) -> Job:
         """What the pipeline runs on each batch: the transform, and how to build its ctx."""
         index, count, _ = self._shard
-        seed = self._seed
-
-        def context(step: int, rows: np.ndarray, indices: np.ndarray) -> BatchContext:
-            return BatchContext(step=step, seed=seed, pass_id=pass_id, shard_index=index,
-                                shard_count=count, rows=rows, indices=indices)
-
-        return _Job(transform, context if self._wants_ctx else None)
+        maker = ContextMaker(self._seed, pass_id, index, count)
+        return Job(transform, maker if self._wants_ctx else None)
 
     def _cannot_sample(self) -> str:
         return (f"cyclic mode draws without replacement, so the endless loader cannot draw "
@@ -449,6 +468,24 @@ class DataLoader:
         return self._num_workers
 
     @property
+    def worker_mode(self) -> str:
+        """``"thread"`` or ``"process"``: what builds the batches."""
+        return self._worker_mode
+
+    @property
+    def start_method(self) -> str | None:
+        """How the worker processes were started (``"fork"``, ``"forkserver"``, ``"spawn"``);
+        None in thread mode and before the first batch."""
+        method: str | None = getattr(self._pipe, "start_method", None)
+        return method
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The worker processes' pids (empty in thread mode and before the first batch)."""
+        pids: list[int] = self._pipe.worker_pids
+        return pids
+
+    @property
     def streams(self) -> dict[str, Stream]:
         return dict(self._streams)
 
@@ -501,22 +538,6 @@ class DataLoader:
                 + f"{', closed' if self.closed else ''})")
 
 
-def _endless_rows(sampler: Sampler | None, positions: np.ndarray,
-                  refusal: str) -> Callable[[int], _Rows]:
-    """The rows of the endless loader's step: this shard's part of the sampler's batch. (A
-    closure over the sampler, not the loader: the workers must not keep the loader alive.)"""
-
-    # The shard's rows are contiguous: a slice of the sampler's batch, not a gather of it.
-    first, last = (int(positions[0]), int(positions[-1]) + 1) if len(positions) else (0, 0)
-
-    def rows_of(step: int) -> _Rows:
-        if sampler is None:
-            raise LoaderxValueError(refusal)
-        return _Rows(positions, sampler.batch(step)[first:last], None)
-
-    return rows_of
-
-
 def _same(value: Any) -> Any:
     return value
 
@@ -557,20 +578,14 @@ class Pass:
         # The short last batch of an unpadded pass: each shard's equal contiguous part.
         last = per_shard if pad else rest // count
 
-        def rows_of(step: int) -> _Rows:
-            n = per_shard if pad or step < full else last
-            positions = np.arange(index * n, (index + 1) * n, dtype=np.int64)
-            records = step * b + positions
-            indices = (records % length).astype(np.uint64)
-            return _Rows(positions, indices, records < length if pad else None)
-
+        rows_of = PassRows(length, b, index, per_shard, full, last, pad)
         self._rows_of = rows_of
         self._len = steps
         self._done = False
-        self._pipe = _Pipeline(
-            loader._streams, 0, rows_of, loader._job(loader._transform, pass_id),
-            loader.num_workers, loader._prefetch, per_shard if pad or full else last,
-            loader.readahead, steps=steps, mask_key=mask_key if pad else None)
+        self._pipe = loader._pipeline(
+            rows_of, loader._job(loader._transform, pass_id), 0,
+            per_shard if pad or full else last, loader.readahead, steps,
+            mask_key if pad else None)
         self._finalizer = weakref.finalize(self, self._pipe.stop)
 
     def __len__(self) -> int:
@@ -651,71 +666,53 @@ def _shard_rows(batch_size: int, index: Any, count: Any) -> tuple[int, int, int]
     return index, count, batch_size // count
 
 
-class _Rows(NamedTuple):
-    """This shard's rows of one step: their positions in the global batch (int64), their
-    record indices (uint64), and which are real records (None: all of them, no mask)."""
+class _PooledMemory:
+    """A prefetch thread's batch memory: each stream's arrays from its pool of recycled
+    buffers (see :mod:`loaderx._recycle`), a fixed-size one per dense stream, a growing one
+    per ragged stream."""
 
-    positions: np.ndarray
-    indices: np.ndarray
-    valid: np.ndarray | None
+    def __init__(self, builder: Builder, rows: int, keep: int) -> None:
+        self.shapes = [(rows, *s.item_shape) for s in builder.streams]
+        self.pools: list[Any] = [GrowingPool(keep) if s.ragged else
+                                 BufferPool(rows * s.record_bytes, keep)
+                                 for s in builder.streams]
 
+    def reserve(self, sizes: list[int]) -> None:
+        return
 
-class _Job(NamedTuple):
-    """The transform, and the maker of its ``ctx`` (None: it takes none)."""
+    def dense(self, i: int, shape: tuple[int, ...], dtype: np.dtype[Any],
+              rows: int) -> tuple[np.ndarray, np.ndarray]:
+        out, raw = self.pools[i].take(self.shapes[i], dtype)
+        if rows < self.shapes[i][0]:  # the last batch of a finite pass
+            out, raw = out[:rows], raw[:len(raw) // self.shapes[i][0] * rows]
+        return out, raw
 
-    transform: Callable[..., Any]
-    context: Callable[[int, np.ndarray, np.ndarray], BatchContext] | None
+    def ragged(self, i: int, nbytes: int) -> np.ndarray:
+        buf: np.ndarray = self.pools[i].take(nbytes)
+        return buf
 
-
-class _Failure:
-    """A worker's exception, carried to the consumer with its traceback."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-def _stop_iteration(error: StopIteration, stage: str, step: int) -> RuntimeError:
-    """The RuntimeError a StopIteration from a worker's ``stage`` is delivered as."""
-    wrapped = RuntimeError(f"{stage} raised StopIteration at step {step}; a DataLoader is "
-                           "endless, so this is an error, not the end of the data")
-    wrapped.__cause__ = error
-    return wrapped
+    def close(self) -> None:
+        for pool in self.pools:
+            pool.close()
 
 
 class _Pipeline:
-    """The prefetch machinery. Kept apart from :class:`DataLoader` so that worker threads hold
-    no reference to the loader: dropping the loader finalizes it and stops the threads.
+    """The prefetch machinery of the thread workers. Kept apart from :class:`DataLoader` so
+    that worker threads hold no reference to the loader: dropping the loader finalizes it and
+    stops the threads.
 
-    ``rows_of(step)`` says which records step ``step`` holds; ``steps`` is how many there are
-    (None: endless). ``rows`` is the most rows a batch has (a pass's last one may have fewer);
-    ``mask_key`` names the mask a padded pass adds to each batch."""
+    ``builder`` builds a step's batch; ``steps`` is how many there are (None: endless).
+    ``rows`` is the most rows a batch has (a pass's last one may have fewer)."""
 
-    def __init__(self, streams: dict[str, Any], start_step: int,
-                 rows_of: Callable[[int], _Rows], job: _Job, workers: int, prefetch: int,
-                 rows: int, readahead: int = 0, steps: int | None = None,
-                 mask_key: str | None = None) -> None:
-        self.rows_of = rows_of
+    def __init__(self, builder: Builder, start_step: int, workers: int, prefetch: int,
+                 rows: int, readahead: int = 0, steps: int | None = None) -> None:
+        self.builder = builder
         self.steps = steps
-        self.mask_key = mask_key
-        self.transform, self.context = job
         self.workers = workers
         # Up to `prefetch` finished batches wait while `workers` more are being built.
         self.window = prefetch + workers
-        keep = self.window + 2
-        # Dense streams: (name, ds, gather_rows, record bytes, batch shape, dtype, False);
-        # ragged ones: (name, ds, gather_at, None, item_shape, dtype, True).
-        self.streams: list[tuple[Any, ...]] = [
-            (name, ds, ds.gather_at, None, ds.item_shape, ds.dtype, True)
-            if ds.kind == "ragged" else
-            (name, ds, ds.gather_rows, ds.record_bytes, (rows, *ds.item_shape), ds.dtype, False)
-            for name, ds in streams.items()]
-        self.pools: list[Any] = [GrowingPool(keep) if ragged else BufferPool(rows * row_bytes, keep)
-                      for _, _, _, row_bytes, _, _, ragged in self.streams]
-        self.names = frozenset(streams)
-        # The streams' companion arrays (see loaderx.source), merged into each batch.
-        self.companions = [getattr(ds, "companions", None) for ds in streams.values()]
+        self.memory = _PooledMemory(builder, rows, self.window + 2)
+        self.pools = self.memory.pools
         self.cond = threading.Condition()
         # num_workers=0: consumers on several threads build their steps one at a time, without
         # holding `cond`, so close() never waits behind a transform.
@@ -733,6 +730,10 @@ class _Pipeline:
     @property
     def step(self) -> int:
         return self.next_step
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return []
 
     # -- consumer side -------------------------------------------------------------------------
 
@@ -759,7 +760,7 @@ class _Pipeline:
                     self.cond.wait()
                 step, generation = self.next_step, self.generation
                 item = self.ready[step]
-                failed = isinstance(item, _Failure)
+                failed = isinstance(item, Failure)
                 # No call from here to `taken = True`: a signal handler runs only after a call
                 # or at a backward jump, so an interrupt cannot land between consuming the step
                 # and recording that it was (dict.pop would open such a gap). From here to the
@@ -832,8 +833,7 @@ class _Pipeline:
         for t in threads:
             if t is not me and self.pid == os.getpid():
                 t.join(max(0.0, deadline - _clock()))
-        for pool in self.pools:
-            pool.close()
+        self.memory.close()
 
     # -- worker side ---------------------------------------------------------------------------
 
@@ -848,41 +848,18 @@ class _Pipeline:
                 step, generation = self.claim, self.generation
                 self.claim += 1
                 ahead = self._steps_ahead(step)
-            if ahead and self._going_to_disk():
-                self._read_ahead(ahead)
+            if ahead and self.builder.going_to_disk():
+                self.builder.read_ahead(ahead, self.steps)
             try:
-                item = self._produce(step)
+                item = self.builder.produce(step, self.memory)
             except BaseException as e:
-                item = _Failure(e)
+                item = Failure(e)
             with cond:
                 if self.closed:
                     return
                 if generation == self.generation:
                     self.ready[step] = item
                     cond.notify_all()
-
-    def _produce(self, step: int) -> Any:
-        """Batch ``step``, transformed."""
-        stage = "building the batch"
-        try:
-            rows = self.rows_of(step)
-            batch = self._build(rows.indices)
-            if rows.valid is not None and self.mask_key is not None:
-                batch[self.mask_key] = rows.valid
-            stage = "transform"
-            if self.context is None:
-                out = self.transform(batch)
-            else:
-                out = self.transform(batch, ctx=self.context(step, rows.positions,
-                                                             rows.indices))
-        except StopIteration as e:
-            # Raised from next() it would silently end the consumer's `for` loop; made a
-            # RuntimeError as PEP 479 does for generators.
-            raise _stop_iteration(e, stage, step) from e
-        if rows.valid is not None and self.mask_key is not None and isinstance(out, dict) \
-                and self.mask_key not in out:
-            out[self.mask_key] = rows.valid  # a collate that built a new dict keeps the mask
-        return out
 
     def _next_in_process(self) -> Any:
         """``num_workers=0``: the consumer's own thread samples, gathers and transforms each
@@ -900,9 +877,9 @@ class _Pipeline:
                     if self.steps is not None and step >= self.steps:
                         raise StopIteration
                     ahead = self._steps_ahead(step)
-                if ahead and self._going_to_disk():
-                    self._read_ahead(ahead)
-                item = self._produce(step)
+                if ahead and self.builder.going_to_disk():
+                    self.builder.read_ahead(ahead, self.steps)
+                item = self.builder.produce(step, self.memory)
                 with self.cond:
                     if self.closed:
                         raise LoaderClosedError("the DataLoader was closed while this batch "
@@ -917,71 +894,3 @@ class _Pipeline:
         ahead = range(max(self.prefetched_to, step + 1), step + 1 + self.readahead)
         self.prefetched_to = max(self.prefetched_to, ahead.stop)
         return ahead
-
-    def _going_to_disk(self) -> bool:
-        """Whether the last reads of some stream found records not in memory: readahead runs
-        only then, so a cached store pays nothing for it. Never raises: a closed or broken
-        stream is the batch's gather to report."""
-        try:
-            return any(ds.recently_cold for _, ds, *_ in self.streams)
-        except Exception:
-            return False
-
-    def _read_ahead(self, steps: range) -> None:
-        """Asks every stream to start reading the records of ``steps`` (a hint: failures are
-        left to the gather that needs the records)."""
-        try:
-            for step in steps:
-                if self.steps is not None and step >= self.steps:
-                    return
-                idx = self.rows_of(step).indices
-                for _, ds, *_ in self.streams:
-                    ds.prefetch(idx)
-        except Exception:
-            return
-
-    def _build(self, idx: np.ndarray) -> dict[str, Any]:
-        shards = max(1, _native.num_threads() // max(1, self.workers))
-        batch: dict[str, Any] = {}
-        for (name, ds, gather, row_bytes, shape, dtype, ragged), pool, companions in zip(
-                self.streams, self.pools, self.companions, strict=True):
-            if ragged:
-                batch[name] = _gather_ragged(ds, gather, pool, idx, shape, dtype)
-            else:
-                out, raw = pool.take(shape, dtype)
-                if len(idx) < shape[0]:  # the last batch of a finite pass
-                    out, raw = out[:len(idx)], raw[:len(idx) * row_bytes]
-                if len(idx):
-                    gather(idx, raw, shards)
-                batch[name] = out
-            if companions is not None:
-                self._merge(batch, name, companions(name, idx))
-        return batch
-
-    def _merge(self, batch: dict[str, Any], name: str, extra: Any) -> None:
-        """Adds the companion arrays stream ``name`` returned for this batch, refusing a name
-        that is taken (a stream, another companion, the mask)."""
-        if not isinstance(extra, Mapping):
-            raise LoaderxTypeError(f"stream {name!r}'s companions() returned "
-                                   f"{type(extra).__name__}, not a dict of arrays")
-        for key, value in extra.items():
-            if key in self.names or key in batch or key == self.mask_key:
-                raise LoaderxValueError(
-                    f"stream {name!r} adds a companion array {key!r}, a name the batch "
-                    "already has (a stream, another companion array or the mask); rename "
-                    "the stream or pass another mask_key=...")
-            batch[key] = value
-
-
-def _gather_ragged(ds: Any, gather: Callable[..., None], pool: GrowingPool, idx: np.ndarray,
-                   item_shape: tuple[int, ...], dtype: np.dtype[Any]) -> list[np.ndarray]:
-    """A ragged stream's rows: their lengths from the record table (one call), one leased
-    buffer of their total size, filled by one native gather at the lengths' running sum, and
-    each record a view of it -- so the buffer returns to the pool when the consumer has let go
-    of the last record."""
-    nbytes = ds.record_nbytes(idx)
-    offsets, total = _ragged_layout(nbytes)
-    buf = pool.take(total)
-    if len(idx):
-        gather(idx, buf, offsets)
-    return _ragged_views(buf, offsets, nbytes, dtype, item_shape)

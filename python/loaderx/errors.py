@@ -45,6 +45,8 @@ __all__ = [
     "LimitExceededError",
     "DatasetError",
     "StoreClosedError",
+    "WorkerError",
+    "RemoteTraceback",
     "LoaderClosedError",
 ]
 
@@ -137,3 +139,21 @@ class TokenArrayWarning(UserWarning):  # a warning, not an error, like AppendWar
     ``from_iterator`` (one record per document) and :func:`loaderx.pack`. Filter it
     (``warnings.filterwarnings("ignore", category=TokenArrayWarning)``) when the array really
     is one value per sample."""
+
+
+class WorkerError(LoaderxError):
+    """A DataLoader worker process died (killed, out of memory, ``os._exit``) or raised an
+    exception that could not be sent to the consumer; the message names the worker, its pid
+    and the step."""
+
+
+class RemoteTraceback(LoaderxError):
+    """The ``__cause__`` of an exception raised in a DataLoader worker process: its text is
+    the worker's traceback."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text

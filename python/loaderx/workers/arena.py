@@ -1,0 +1,154 @@
+"""A worker process's shared memory: anonymous ``memfd`` segments, and a batch's place in one.
+
+A segment is a ``memfd_create`` file mapped shared. It has no name in any file system, so
+nothing of it can outlive the processes that map it: when the worker and the consumer are gone
+-- closed, crashed or killed -- the kernel frees it. The worker sends each new segment's
+descriptor to the consumer once; afterwards batches only name it.
+
+A segment is *free* (the worker may write it), *in use* (the batch being built), or *lent*
+(the consumer holds a batch in it, until it says the batch is gone). Sizes grow as
+:class:`loaderx._recycle.GrowingPool`'s do: a quarter more than asked for and never less than
+the largest made so far, so that after a few batches every batch fits a free segment; at most
+``keep`` free segments are kept, smaller ones are retired first.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+
+from loaderx.errors import LoaderxValueError
+
+__all__ = ["Arena", "BatchMemory", "Segment"]
+
+#: Offsets of the arrays in a segment are multiples of this (as the thread loader's buffers).
+ALIGN = 64
+#: Sizes are multiples of a page.
+GRAIN = 4096
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class Segment:
+    """One memfd segment, mapped read-write and shared."""
+
+    def __init__(self, ident: int, size: int) -> None:
+        self.ident = ident
+        self.size = size
+        self.fd = os.memfd_create(f"loaderx-batch-{ident}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)
+            self.map = mmap.mmap(self.fd, size, mmap.MAP_SHARED,
+                                 mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.array = np.frombuffer(self.map, dtype=np.uint8)
+        self.address: int = self.array.ctypes.data
+
+    def close(self) -> None:
+        os.close(self.fd)
+        # The mapping goes with the last array over it (NumPy keeps the mmap alive).
+        del self.array
+
+
+class Arena:
+    """The worker's segments: hands out free ones, tracks lent ones, retires extras."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = max(2, keep)
+        self.free: list[Segment] = []
+        self.lent: dict[int, Segment] = {}
+        self.capacity = 0
+        self.next_ident = 0
+        self.fresh: list[Segment] = []  # made since the last batch was sent: their fds go with it
+        self.retired: list[int] = []    # dropped since the last batch was sent
+
+    def take(self, nbytes: int) -> Segment:
+        """A free segment of at least ``nbytes`` (a new one if none fits)."""
+        fits = [s for s in self.free if s.size >= nbytes]
+        if fits:
+            segment = min(fits, key=lambda s: s.size)
+            self.free.remove(segment)
+            return segment
+        want = -(-(nbytes + nbytes // 4) // GRAIN) * GRAIN or GRAIN
+        self.capacity = max(self.capacity, want)
+        # Free segments smaller than the new capacity would only be taken for smaller batches:
+        # retire them, so the arena settles on one size.
+        for small in [s for s in self.free if s.size < self.capacity]:
+            self._retire(small)
+        segment = Segment(self.next_ident, self.capacity)
+        self.next_ident += 1
+        self.fresh.append(segment)
+        return segment
+
+    def give(self, segment: Segment) -> None:
+        """``segment`` is free again (built into but not sent, or given back)."""
+        if segment.size < self.capacity or len(self.free) >= self.keep:
+            self._retire(segment)
+        else:
+            self.free.append(segment)
+
+    def lend(self, segment: Segment) -> None:
+        self.lent[segment.ident] = segment
+
+    def returned(self, idents: list[int]) -> None:
+        """The consumer dropped every batch in these segments."""
+        for ident in idents:
+            segment = self.lent.pop(ident, None)
+            if segment is not None:
+                self.give(segment)
+
+    def _retire(self, segment: Segment) -> None:
+        if segment in self.free:
+            self.free.remove(segment)
+        if segment in self.fresh:  # never sent: the consumer does not know it
+            self.fresh.remove(segment)
+        else:
+            self.retired.append(segment.ident)
+        segment.close()
+
+    def handed_over(self) -> tuple[list[tuple[int, int]], list[int], list[int]]:
+        """What the next message must tell the consumer: the new segments (ident, size) and
+        their fds, and the retired idents -- then forgotten."""
+        fresh, retired = self.fresh, self.retired
+        self.fresh, self.retired = [], []
+        return [(s.ident, s.size) for s in fresh], [s.fd for s in fresh], retired
+
+
+class BatchMemory:
+    """The :class:`loaderx._batch.Memory` of one batch in a worker: every stream's part of the
+    batch at an aligned offset of one segment."""
+
+    def __init__(self, arena: Arena) -> None:
+        self.arena = arena
+        self.segment: Segment | None = None
+        self.offsets: list[int] = []
+
+    def reserve(self, sizes: list[int]) -> None:
+        offsets, end = [], 0
+        for size in sizes:
+            offsets.append(end)
+            end = _aligned(end + size)
+        self.offsets = offsets
+        self.segment = self.arena.take(max(end, 1))
+
+    def _view(self, i: int, nbytes: int) -> np.ndarray:
+        if self.segment is None:
+            raise LoaderxValueError("a batch's memory was used before it was reserved")
+        start = self.offsets[i]
+        view: np.ndarray = self.segment.array[start:start + nbytes]
+        return view
+
+    def dense(self, i: int, shape: tuple[int, ...], dtype: np.dtype[Any],
+              rows: int) -> tuple[np.ndarray, np.ndarray]:
+        raw = self._view(i, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+        return raw.view(dtype).reshape(shape), raw
+
+    def ragged(self, i: int, nbytes: int) -> np.ndarray:
+        return self._view(i, nbytes)

@@ -1,0 +1,197 @@
+"""A batch as a worker sends it: the transform's output with every array replaced by a
+reference to where it lies in shared memory, and back on the consumer's side.
+
+The worker walks the output -- dicts, lists, tuples (named ones too), NumPy arrays, CPU torch
+tensors. An array that already lies in the batch's segment (what the gather wrote, or a view
+of it: the identity transform, an in-place transform, a slice) is sent as its segment, offset,
+shape, strides and dtype, without a copy. Any other array (what a transform computed) is
+copied once, in the worker, into a second segment of the same batch. Everything else --
+strings, numbers, object arrays, other containers -- is pickled with the skeleton.
+
+The consumer rebuilds each array over a lease that keeps the batch's :class:`Loan` alive, as
+:mod:`loaderx._recycle` does for the thread loader: every view keeps its lease, so the loan --
+and with it the segments -- returns to the worker only when no array of the batch can be seen
+any more.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from loaderx.workers.arena import Arena, BatchMemory, Segment
+
+__all__ = ["Loan", "Ref", "decode", "encode"]
+
+
+class Ref:
+    """Where one array of the batch lies."""
+
+    __slots__ = ("dtype", "offset", "segment", "shape", "strides", "torch")
+
+    def __init__(self, segment: int, offset: int, shape: tuple[int, ...],
+                 strides: tuple[int, ...], dtype: np.dtype[Any], torch: bool) -> None:
+        self.segment, self.offset, self.shape = segment, offset, shape
+        self.strides, self.dtype, self.torch = strides, dtype, torch
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Ref, (self.segment, self.offset, self.shape, self.strides, self.dtype,
+                      self.torch))
+
+
+def _span(a: np.ndarray) -> tuple[int, int]:
+    """The lowest and one past the highest byte address ``a`` reads."""
+    start: int = a.__array_interface__["data"][0]
+    lo = hi = start
+    for n, stride in zip(a.shape, a.strides, strict=True):
+        if stride < 0:
+            lo += (n - 1) * stride
+        else:
+            hi += (n - 1) * stride
+    return lo, hi + a.itemsize
+
+
+def _as_array(value: Any) -> tuple[np.ndarray | None, bool]:
+    """``value`` as a NumPy array sharing its memory, and whether it was a torch tensor;
+    (None, False) for a value that must be pickled."""
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject or value.size == 0:
+            return None, False
+        return value, False
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.device.type != "cpu" or value.layout != torch.strided or value.requires_grad \
+                or value.is_conj() or value.is_neg():
+            return None, False
+        try:
+            return value.numpy(), True  # no NumPy dtype (e.g. bfloat16): pickled
+        except (TypeError, RuntimeError):
+            return None, False
+    return None, False
+
+
+def _rebuilt(value: tuple[Any, ...], items: list[Any]) -> tuple[Any, ...]:
+    kind = type(value)
+    return kind(*items) if hasattr(kind, "_fields") else tuple(items)
+
+
+class _Encoder:
+    """One walk over a transform's output (an object, not a recursive closure, which would be
+    a reference cycle holding the batch until the garbage collector ran)."""
+
+    def __init__(self, own: Segment | None) -> None:
+        self.own = own
+        self.low, self.high = (own.address, own.address + own.size) if own else (0, 0)
+        self.copies: list[tuple[np.ndarray, Ref]] = []
+        self.extra_bytes = 0
+        self.used_own = False
+
+    def walk(self, value: Any) -> Any:
+        kind = type(value)
+        if kind is dict:
+            return {k: self.walk(v) for k, v in value.items()}
+        if kind is list:
+            return [self.walk(v) for v in value]
+        if kind is tuple or (isinstance(value, tuple) and hasattr(kind, "_fields")):
+            return _rebuilt(value, [self.walk(v) for v in value])
+        array, torch = _as_array(value)
+        if array is None:
+            return value
+        lo, hi = _span(array)
+        own = self.own
+        if own is not None and self.low <= lo and hi <= self.high:
+            self.used_own = True
+            return Ref(own.ident, array.__array_interface__["data"][0] - own.address,
+                       array.shape, array.strides, array.dtype, torch)
+        # Computed by the transform: copied later into one extra segment, C-contiguous (the
+        # segment and the strides are filled in then).
+        ref = Ref(-1, self.extra_bytes, array.shape, (), array.dtype, torch)
+        self.copies.append((array, ref))
+        self.extra_bytes = -(-(self.extra_bytes + array.nbytes) // 64) * 64
+        return ref
+
+
+def encode(out: Any, memory: BatchMemory, arena: Arena) -> tuple[Any, list[Segment]]:
+    """``out`` as a skeleton of :class:`Ref` s, and the segments it names (lent from now on;
+    the batch's own segment is given back if nothing lies in it)."""
+    encoder = _Encoder(memory.segment)
+    skeleton = encoder.walk(out)
+    lent: list[Segment] = []
+    if encoder.copies:
+        extra = arena.take(encoder.extra_bytes)
+        for array, ref in encoder.copies:
+            dst = extra.array[ref.offset:ref.offset + array.nbytes].view(array.dtype)
+            dst = dst.reshape(array.shape)
+            np.copyto(dst, array)
+            ref.segment, ref.strides = extra.ident, dst.strides
+        lent.append(extra)
+    own = memory.segment
+    if own is not None:
+        if encoder.used_own:
+            lent.insert(0, own)
+        else:
+            arena.give(own)
+    for segment in lent:
+        arena.lend(segment)
+    return skeleton, lent
+
+
+class Loan:
+    """The consumer's hold on one batch's segments: when the last array of the batch goes,
+    ``give_back(idents)`` tells the worker they are free."""
+
+    __slots__ = ("_give_back", "_idents")
+
+    def __init__(self, give_back: Callable[[list[int]], None], idents: list[int]) -> None:
+        self._give_back = give_back
+        self._idents = idents
+
+    def __del__(self) -> None:
+        self._give_back(self._idents)
+
+
+class _Lease:
+    """One array's owner: exposes the memory and keeps the batch's loan alive."""
+
+    __slots__ = ("__array_interface__", "_keep", "_loan")
+
+    def __init__(self, loan: Loan, keep: np.ndarray, address: int, ref: Ref) -> None:
+        self._loan = loan
+        self._keep = keep  # the segment's mapping, alive as long as this array
+        dtype = ref.dtype
+        self.__array_interface__: dict[str, Any] = {
+            "shape": ref.shape, "strides": ref.strides, "data": (address, False), "version": 3,
+            "typestr": dtype.str, "descr": dtype.descr if dtype.fields else [("", dtype.str)],
+        }
+
+
+def decode(skeleton: Any, maps: dict[int, np.ndarray], loan: Loan) -> Any:
+    """The batch the skeleton describes, its arrays over the consumer's ``maps`` of the
+    worker's segments (ident -> the mapping as a uint8 array)."""
+    return _decode(skeleton, maps, loan)
+
+
+def _decode(value: Any, maps: dict[int, np.ndarray], loan: Loan) -> Any:
+    # A module function, not a closure over itself: a recursive closure is a reference cycle
+    # that would keep the loan -- and the batch's segments -- until the garbage collector ran.
+    kind = type(value)
+    if kind is Ref:
+        keep = maps[value.segment]
+        array = np.asarray(_Lease(loan, keep, keep.ctypes.data + value.offset, value))
+        if array.dtype != value.dtype:  # e.g. a datetime unit or byte order the descr lost
+            array = array.view(value.dtype)
+        if value.torch:
+            import torch
+
+            return torch.from_numpy(array)
+        return array
+    if kind is dict:
+        return {k: _decode(v, maps, loan) for k, v in value.items()}
+    if kind is list:
+        return [_decode(v, maps, loan) for v in value]
+    if kind is tuple or (isinstance(value, tuple) and hasattr(kind, "_fields")):
+        return _rebuilt(value, [_decode(v, maps, loan) for v in value])
+    return value

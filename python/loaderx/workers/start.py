@@ -1,0 +1,112 @@
+"""How worker processes start, and how many there are by default.
+
+``start_method=None`` ("auto") chooses, in order:
+
+* ``"forkserver"`` when the streams and the transform pickle and the transform can be found
+  by a fresh interpreter (not a function of an interactive session's ``__main__``): each worker
+  is forked from a small server process that imported only NumPy and loaderx, so it inherits
+  none of the training process's memory, threads or CUDA state -- nothing to grow by
+  copy-on-write, nothing half-locked;
+* ``"fork"`` otherwise, when this process runs a single thread (forking is then safe), for a
+  lambda or a closure as the transform; the worker freezes what it inherited out of the
+  garbage collector's reach (``gc.freeze``), so that collections do not copy those pages;
+* else a :class:`~loaderx.errors.LoaderxTypeError` that names the fix (a module-level
+  transform, or ``start_method="fork"`` at the caller's own risk).
+
+``"fork"``, ``"forkserver"`` and ``"spawn"`` may also be asked for by name.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import sys
+import threading
+from typing import Any
+
+from loaderx.errors import LoaderxTypeError, LoaderxValueError
+
+__all__ = ["METHODS", "choose", "default_workers", "usable_cores"]
+
+METHODS = ("fork", "forkserver", "spawn")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def default_workers(mode: str) -> int:
+    """``num_workers=None``: one process per core; threads, at most 4 and at most one per
+    core (a gather releases the GIL and uses the native pool, so more threads than cores
+    only contend; a GIL-bound transform is the process mode's case)."""
+    cores = usable_cores()
+    return cores if mode == "process" else min(4, cores)
+
+
+def _threads() -> int:
+    """How many threads this process runs (the kernel's count: native ones included)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return threading.active_count()
+
+
+def _not_importable(transform: Any) -> bool:
+    """Whether ``transform`` lives in a ``__main__`` that a fresh interpreter cannot import
+    (an interactive session or a notebook)."""
+    module = getattr(transform, "__module__", None)
+    if module != "__main__":
+        return False
+    main = sys.modules.get("__main__")
+    return getattr(main, "__file__", None) is None
+
+
+def choose(requested: Any, job: tuple[Any, ...], transform: Any) -> tuple[str, bytes | None]:
+    """The start method, and ``job`` pickled (None for ``fork``, which inherits it)."""
+    if requested is None or requested == "auto":
+        why = _unpicklable(job, transform)
+        if why is None:
+            method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() \
+                else "spawn"
+            return method, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        if "fork" in multiprocessing.get_all_start_methods() and _threads() == 1:
+            return "fork", None
+        raise LoaderxTypeError(
+            f"worker processes cannot be started: {why}, and this process runs several "
+            "threads, so forking it is not safe; define the transform (and what it uses) at "
+            "module level in an importable module, or pass start_method='fork' to fork anyway")
+    if requested not in METHODS:
+        raise LoaderxValueError(f"start_method must be None, 'auto', or one of {METHODS}, got "
+                                f"{requested!r}")
+    if requested not in multiprocessing.get_all_start_methods():
+        raise LoaderxValueError(f"start_method {requested!r} is not available on this platform")
+    if requested == "fork":
+        return "fork", None
+    why = _unpicklable(job, transform)
+    if why is not None:
+        raise LoaderxTypeError(
+            f"start_method={requested!r} sends the streams and the transform to each worker "
+            f"by pickling them, but {why}; define the transform at module level in an "
+            "importable module, or use start_method='fork'")
+    return requested, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _unpicklable(job: tuple[Any, ...], transform: Any) -> str | None:
+    """Why ``job`` cannot reach a fresh interpreter, or None."""
+    if _not_importable(transform):
+        return (f"the transform {getattr(transform, '__qualname__', transform)!r} is defined "
+                "in an interactive __main__, which a fresh worker cannot import")
+    try:
+        pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # pickle raises many kinds (PicklingError, TypeError, ...)
+        return f"they do not pickle ({type(e).__name__}: {e})"
+    return None

@@ -1,0 +1,94 @@
+"""The worker process: receives steps, builds their batches into shared memory, sends where
+the arrays lie.
+
+Messages from the consumer: ``("task", generation, step, ahead_start, ahead_stop, returned)``
+-- build ``step``, start the reads of steps ``ahead_start:ahead_stop`` when the streams go to
+the disk, and take back the segments ``returned`` (the consumer dropped their batches).
+Replies: ``("batch", generation, step, skeleton, lent, fresh, retired)`` with the new
+segments' descriptors, or ``("error", generation, step, pickled, kind, message, traceback)``.
+The worker ends when the consumer's end of the socket closes -- on ``close()``, and when the
+consumer dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+from loaderx._batch import Builder
+from loaderx.workers import channel
+from loaderx.workers.arena import Arena, BatchMemory
+from loaderx.workers.layout import encode
+
+__all__ = ["main"]
+
+
+def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int]) -> None:
+    """The worker's entry point; ``job`` is the pickled (or, forked, the inherited) tuple
+    ``(streams, rows_of, job, mask_key, workers, keep, steps)``."""
+    # Ctrl-C reaches the whole process group: the consumer handles it and closes the loader.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for fd in close_fds:  # forked: the consumer's ends of the other workers' sockets
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    if forked:
+        # Objects inherited from the consumer stay out of the collector's passes, which would
+        # otherwise write to (and so copy) every page that holds one.
+        gc.freeze()
+    if isinstance(job, bytes):
+        job = pickle.loads(job)
+    streams, rows_of, work, mask_key, workers, keep, steps = job
+    torch = sys.modules.get("torch")
+    if torch is not None:  # as torch's own workers: one intra-op thread per worker
+        torch.set_num_threads(1)
+    builder = Builder(streams, rows_of, work, workers, mask_key)
+    arena = Arena(keep)
+    try:
+        while True:
+            try:
+                message, _ = channel.recv(sock)
+            except (channel.Closed, OSError):
+                return
+            _, generation, step, ahead_start, ahead_stop, returned = message
+            arena.returned(returned)
+            if ahead_stop > ahead_start and builder.going_to_disk():
+                builder.read_ahead(range(ahead_start, ahead_stop), steps)
+            reply, fds = _build(builder, arena, generation, step)
+            try:
+                channel.send(sock, reply, fds)
+            except OSError:
+                return
+    finally:
+        sock.close()
+
+
+def _build(builder: Builder, arena: Arena, generation: int,
+           step: int) -> tuple[tuple[Any, ...], list[int]]:
+    memory = BatchMemory(arena)
+    try:
+        out = builder.produce(step, memory)
+        skeleton, lent = encode(out, memory, arena)
+    except BaseException as e:  # every failure goes to the consumer, whatever its kind
+        if memory.segment is not None and memory.segment.ident not in arena.lent:
+            arena.give(memory.segment)
+        return _failure(generation, step, e), []
+    fresh, fds, retired = arena.handed_over()
+    return ("batch", generation, step, skeleton, [s.ident for s in lent], fresh, retired), fds
+
+
+def _failure(generation: int, step: int, error: BaseException) -> tuple[Any, ...]:
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    try:
+        pickled: bytes | None = pickle.dumps(error, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # an exception that does not pickle still reaches the consumer
+        pickled = None
+    kind = f"{type(error).__module__}.{type(error).__qualname__}"
+    return ("error", generation, step, pickled, kind, str(error), text)
