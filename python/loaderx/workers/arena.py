@@ -14,6 +14,7 @@ the largest made so far, so that after a few batches every batch fits a free seg
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from typing import Any
@@ -147,7 +148,7 @@ class BatchMemory:
 
     def dense(self, i: int, shape: tuple[int, ...], dtype: np.dtype[Any],
               rows: int) -> tuple[np.ndarray, np.ndarray]:
-        raw = self._view(i, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+        raw = self._view(i, math.prod(shape) * dtype.itemsize)
         return raw.view(dtype).reshape(shape), raw
 
     def ragged(self, i: int, nbytes: int) -> np.ndarray:

@@ -83,25 +83,29 @@ class Reader:
         self.sock = sock  # stays blocking for sends; reads here do not wait
         self.buf = bytearray()
         self.fds: list[int] = []
+        self.chunk = bytearray(1 << 16)  # reused: a fresh buffer per read would cost more
 
     def poll(self) -> list[tuple[Any, list[int]]]:
         """Reads what is there; :class:`Closed` once the other end closed and every complete
         frame was returned."""
         eof = False
+        chunk = self.chunk
         while True:
             try:
-                data, ancillary, _, _ = self.sock.recvmsg(1 << 18, socket.CMSG_SPACE(MAX_FDS * 4),
-                                                       socket.MSG_DONTWAIT)
+                n, ancillary, _, _ = self.sock.recvmsg_into(
+                    [chunk], socket.CMSG_SPACE(MAX_FDS * 4), socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
                 eof = True
                 break
             _take_fds(ancillary, self.fds)
-            if not data:
+            if not n:
                 eof = True
                 break
-            self.buf += data
+            self.buf += memoryview(chunk)[:n]
+            if n < len(chunk):  # drained (most likely): no second call just to hear EAGAIN
+                break
         frames = []
         while len(self.buf) >= _HEADER.size:
             magic, count, length = _HEADER.unpack_from(self.buf)

@@ -24,22 +24,56 @@ import numpy as np
 
 from loaderx.workers.arena import Arena, BatchMemory, Segment
 
-__all__ = ["Loan", "Ref", "decode", "encode"]
+__all__ = ["Loan", "Opaque", "Ref", "decode", "encode"]
 
 
 class Ref:
-    """Where one array of the batch lies."""
+    """Where one array of the batch lies. The dtype travels as its string when that names it
+    exactly (every plain numeric dtype: cheaper to send and to look up than a pickled dtype),
+    else as the dtype itself."""
 
     __slots__ = ("dtype", "offset", "segment", "shape", "strides", "torch")
 
     def __init__(self, segment: int, offset: int, shape: tuple[int, ...],
-                 strides: tuple[int, ...], dtype: np.dtype[Any], torch: bool) -> None:
+                 strides: tuple[int, ...], dtype: np.dtype[Any] | str, torch: bool) -> None:
         self.segment, self.offset, self.shape = segment, offset, shape
-        self.strides, self.dtype, self.torch = strides, dtype, torch
+        self.strides, self.torch = strides, torch
+        if isinstance(dtype, np.dtype) and dtype.fields is None and dtype.metadata is None \
+                and _dtype(dtype.str) == dtype:
+            dtype = dtype.str
+        self.dtype = dtype
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Ref, (self.segment, self.offset, self.shape, self.strides, self.dtype,
                       self.torch))
+
+
+class Opaque:
+    """A part of the output with no array in it, which the consumer need not walk."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Opaque, (self.value,))
+
+
+#: Leaves that hold no array: passed over at once (a transform may return long lists of them).
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
+
+#: Dtypes by their strings, on both sides.
+_DTYPES: dict[str, np.dtype[Any]] = {}
+
+
+def _dtype(spec: np.dtype[Any] | str) -> np.dtype[Any]:
+    if isinstance(spec, str):
+        dtype = _DTYPES.get(spec)
+        if dtype is None:
+            dtype = _DTYPES[spec] = np.dtype(spec)
+        return dtype
+    return spec
 
 
 def _span(a: np.ndarray) -> tuple[int, int]:
@@ -91,6 +125,10 @@ class _Encoder:
 
     def walk(self, value: Any) -> Any:
         kind = type(value)
+        if kind in _PLAIN:
+            return value
+        if (kind is list or kind is tuple) and _PLAIN.issuperset(map(type, value)):
+            return Opaque(value)  # e.g. a list of per-sample floats: nothing to look into
         if kind is dict:
             return {k: self.walk(v) for k, v in value.items()}
         if kind is list:
@@ -154,44 +192,53 @@ class Loan:
 
 
 class _Lease:
-    """One array's owner: exposes the memory and keeps the batch's loan alive."""
+    """The owner of the consumer's view of one segment for one batch: exposes the segment's
+    memory and keeps the batch's loan alive (the batch's arrays are views of it)."""
 
     __slots__ = ("__array_interface__", "_keep", "_loan")
 
-    def __init__(self, loan: Loan, keep: np.ndarray, address: int, ref: Ref) -> None:
+    def __init__(self, loan: Loan, keep: np.ndarray, address: int) -> None:
         self._loan = loan
-        self._keep = keep  # the segment's mapping, alive as long as this array
-        dtype = ref.dtype
+        self._keep = keep  # the segment's mapping, alive as long as this lease
         self.__array_interface__: dict[str, Any] = {
-            "shape": ref.shape, "strides": ref.strides, "data": (address, False), "version": 3,
-            "typestr": dtype.str, "descr": dtype.descr if dtype.fields else [("", dtype.str)],
-        }
+            "shape": keep.shape, "typestr": "|u1", "data": (address, False), "version": 3}
 
 
-def decode(skeleton: Any, maps: dict[int, np.ndarray], loan: Loan) -> Any:
+#: The consumer's map of one worker's segments: ident -> (the mapping as a uint8 array, its
+#: address).
+Maps = dict[int, tuple[np.ndarray, int]]
+
+
+def decode(skeleton: Any, maps: Maps, loan: Loan) -> Any:
     """The batch the skeleton describes, its arrays over the consumer's ``maps`` of the
-    worker's segments (ident -> the mapping as a uint8 array)."""
-    return _decode(skeleton, maps, loan)
+    worker's segments."""
+    return _decode(skeleton, maps, loan, {})
 
 
-def _decode(value: Any, maps: dict[int, np.ndarray], loan: Loan) -> Any:
+def _decode(value: Any, maps: Maps, loan: Loan, regions: dict[int, np.ndarray]) -> Any:
     # A module function, not a closure over itself: a recursive closure is a reference cycle
     # that would keep the loan -- and the batch's segments -- until the garbage collector ran.
     kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is Opaque:
+        return value.value
     if kind is Ref:
-        keep = maps[value.segment]
-        array = np.asarray(_Lease(loan, keep, keep.ctypes.data + value.offset, value))
-        if array.dtype != value.dtype:  # e.g. a datetime unit or byte order the descr lost
-            array = array.view(value.dtype)
+        region = regions.get(value.segment)
+        if region is None:
+            keep, address = maps[value.segment]
+            region = regions[value.segment] = np.asarray(_Lease(loan, keep, address))
+        array = np.ndarray(value.shape, _dtype(value.dtype), buffer=region,
+                           offset=value.offset, strides=value.strides)
         if value.torch:
             import torch
 
             return torch.from_numpy(array)
         return array
     if kind is dict:
-        return {k: _decode(v, maps, loan) for k, v in value.items()}
+        return {k: _decode(v, maps, loan, regions) for k, v in value.items()}
     if kind is list:
-        return [_decode(v, maps, loan) for v in value]
+        return [_decode(v, maps, loan, regions) for v in value]
     if kind is tuple or (isinstance(value, tuple) and hasattr(kind, "_fields")):
-        return _rebuilt(value, [_decode(v, maps, loan) for v in value])
+        return _rebuilt(value, [_decode(v, maps, loan, regions) for v in value])
     return value

@@ -20,13 +20,14 @@ from __future__ import annotations
 import collections
 import mmap
 import multiprocessing
-import multiprocessing.connection
 import os
 import pickle
+import select
 import signal
 import socket
 import threading
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ import numpy as np
 from loaderx._batch import Failure
 from loaderx.errors import LoaderClosedError, RemoteTraceback, WorkerError
 from loaderx.workers import channel, start, worker
-from loaderx.workers.layout import Loan, decode
+from loaderx.workers.layout import Loan, Maps, decode
 
 __all__ = ["ProcessPipeline"]
 
@@ -54,7 +55,7 @@ class _Worker:
         # Segments whose batches the consumer dropped (appended by Loan.__del__, from any
         # thread: deque appends are atomic), sent back with the next step.
         self.returned: collections.deque[int] = collections.deque()
-        self.maps: dict[int, np.ndarray] = {}
+        self.maps: Maps = {}
 
     def give_back(self, idents: list[int]) -> None:
         self.returned.extend(idents)
@@ -73,12 +74,13 @@ class ProcessPipeline:
     def __init__(self, streams: dict[str, Any], rows_of: Any, job: Any, mask_key: str | None,
                  start_step: int, workers: int, prefetch: int, readahead: int,
                  steps: int | None, start_method: str | None) -> None:
-        self.job = (streams, rows_of, job, mask_key, workers, prefetch + workers + 2, steps)
-        self.transform = job.transform
         self.steps = steps
         self.count = workers
         self.window = prefetch + workers
         self.share = -(-self.window // workers) + 1
+        # Each worker keeps free segments for the steps it holds and two more.
+        self.job = (streams, rows_of, job, mask_key, workers, self.share + 2, steps)
+        self.transform = job.transform
         self.requested = start_method
         self.start_method: str | None = None
         self.readahead = readahead
@@ -92,6 +94,9 @@ class ProcessPipeline:
         self.closed = False
         self.pid = os.getpid()
         self.wake_read, self.wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # Every worker's socket and process sentinel, and the wake-up pipe.
+        self.poller = select.poll()
+        self.poller.register(self.wake_read, select.POLLIN)
 
     @property
     def step(self) -> int:
@@ -150,10 +155,17 @@ class ProcessPipeline:
                 process = context.Process(target=worker.main, args=args, daemon=True,
                                           name=f"loaderx-worker-{index}")
                 try:
-                    process.start()
+                    with warnings.catch_warnings():
+                        # Python >= 3.12 warns on any fork of a process with native threads;
+                        # start.choose forks only when no other Python thread runs.
+                        warnings.filterwarnings("ignore", "This process .* is multi-threaded",
+                                                DeprecationWarning)
+                        process.start()
                 finally:
                     theirs.close()
                 self.workers.append(_Worker(index, process, mine))
+                self.poller.register(mine.fileno(), select.POLLIN)
+                self.poller.register(process.sentinel, select.POLLIN)
         except BaseException:
             self._shutdown()
             raise
@@ -180,14 +192,11 @@ class ProcessPipeline:
 
     def _wait(self) -> None:
         """Waits for a reply, a death or close(), and takes in what arrived."""
-        watched: list[Any] = [self.wake_read]
-        for w in self.workers:
-            watched += [w.sock, w.process.sentinel]
-        ready = multiprocessing.connection.wait(watched)
+        ready = {fd for fd, _ in self.poller.poll()}
         if self.closed:
             raise LoaderClosedError("the DataLoader was closed while waiting")
         for w in list(self.workers):
-            if w.sock in ready:
+            if w.sock.fileno() in ready:
                 self._receive(w)
             if w.process.sentinel in ready:
                 self._receive(w)  # what it sent before it died still counts
@@ -211,7 +220,8 @@ class ProcessPipeline:
                 mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             finally:
                 os.close(fd)
-            w.maps[ident] = np.frombuffer(mapping, dtype=np.uint8)
+            array = np.frombuffer(mapping, dtype=np.uint8)
+            w.maps[ident] = (array, array.ctypes.data)
         for ident in retired:
             w.maps.pop(ident, None)  # arrays over it keep the mapping until they go
         if w.pending:

@@ -7,9 +7,10 @@
   is forked from a small server process that imported only NumPy and loaderx, so it inherits
   none of the training process's memory, threads or CUDA state -- nothing to grow by
   copy-on-write, nothing half-locked;
-* ``"fork"`` otherwise, when this process runs a single thread (forking is then safe), for a
-  lambda or a closure as the transform; the worker freezes what it inherited out of the
-  garbage collector's reach (``gc.freeze``), so that collections do not copy those pages;
+* ``"fork"`` otherwise, for a lambda or a closure as the transform, when no other Python
+  thread runs (native pools -- loaderx's, OpenBLAS's -- are fork-aware: loaderx builds a new
+  pool in the child, OpenBLAS resets its own); the worker freezes what it inherited out of
+  the garbage collector's reach (``gc.freeze``), so that collections do not copy those pages;
 * else a :class:`~loaderx.errors.LoaderxTypeError` that names the fix (a module-level
   transform, or ``start_method="fork"`` at the caller's own risk).
 
@@ -48,18 +49,6 @@ def default_workers(mode: str) -> int:
     return cores if mode == "process" else min(4, cores)
 
 
-def _threads() -> int:
-    """How many threads this process runs (the kernel's count: native ones included)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Threads:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return threading.active_count()
-
-
 def _not_importable(transform: Any) -> bool:
     """Whether ``transform`` lives in a ``__main__`` that a fresh interpreter cannot import
     (an interactive session or a notebook)."""
@@ -78,10 +67,10 @@ def choose(requested: Any, job: tuple[Any, ...], transform: Any) -> tuple[str, b
             method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() \
                 else "spawn"
             return method, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
-        if "fork" in multiprocessing.get_all_start_methods() and _threads() == 1:
+        if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
             return "fork", None
         raise LoaderxTypeError(
-            f"worker processes cannot be started: {why}, and this process runs several "
+            f"worker processes cannot be started: {why}, and this process runs other Python "
             "threads, so forking it is not safe; define the transform (and what it uses) at "
             "module level in an importable module, or pass start_method='fork' to fork anyway")
     if requested not in METHODS:

@@ -43,13 +43,20 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int]) -> N
         # Objects inherited from the consumer stay out of the collector's passes, which would
         # otherwise write to (and so copy) every page that holds one.
         gc.freeze()
-    if isinstance(job, bytes):
-        job = pickle.loads(job)
-    streams, rows_of, work, mask_key, workers, keep, steps = job
-    torch = sys.modules.get("torch")
-    if torch is not None:  # as torch's own workers: one intra-op thread per worker
-        torch.set_num_threads(1)
-    builder = Builder(streams, rows_of, work, workers, mask_key)
+    try:
+        if isinstance(job, bytes):
+            job = pickle.loads(job)
+        streams, rows_of, work, mask_key, workers, keep, steps = job
+        torch = sys.modules.get("torch")
+        if torch is not None:  # as torch's own workers: one intra-op thread per worker
+            torch.set_num_threads(1)
+        builder = Builder(streams, rows_of, work, workers, mask_key)
+    except BaseException as e:  # e.g. a transform this interpreter cannot import
+        try:
+            channel.send(sock, _failure(-1, -1, e))
+        finally:
+            sock.close()
+        return
     arena = Arena(keep)
     try:
         while True:
