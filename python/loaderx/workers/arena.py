@@ -69,6 +69,7 @@ class Arena:
         self.next_ident = 0
         self.fresh: list[Segment] = []  # made since the last batch was sent: their fds go with it
         self.retired: list[int] = []    # dropped since the last batch was sent
+        self.last_handed: tuple[list[Segment], list[int]] = ([], [])
 
     def take(self, nbytes: int) -> Segment:
         """A free segment of at least ``nbytes`` (a new one if none fits)."""
@@ -119,7 +120,15 @@ class Arena:
         their fds, and the retired idents -- then forgotten."""
         fresh, retired = self.fresh, self.retired
         self.fresh, self.retired = [], []
+        self.last_handed = (fresh, retired)
         return [(s.ident, s.size) for s in fresh], [s.fd for s in fresh], retired
+
+    def not_handed_over(self) -> None:
+        """The message of the last :meth:`handed_over` could not be sent: the next one tells
+        the consumer instead."""
+        fresh, retired = self.last_handed
+        self.fresh, self.retired = fresh + self.fresh, retired + self.retired
+        self.last_handed = ([], [])
 
 
 class BatchMemory:

@@ -91,7 +91,7 @@ def _span(a: np.ndarray) -> tuple[int, int]:
 def _as_array(value: Any) -> tuple[np.ndarray | None, bool]:
     """``value`` as a NumPy array sharing its memory, and whether it was a torch tensor;
     (None, False) for a value that must be pickled."""
-    if isinstance(value, np.ndarray):
+    if type(value) is np.ndarray:  # subclasses (masked arrays, memmaps, ...) are pickled
         if value.dtype.hasobject or value.size == 0:
             return None, False
         return value, False

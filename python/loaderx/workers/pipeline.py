@@ -56,6 +56,7 @@ class _Worker:
         # thread: deque appends are atomic), sent back with the next step.
         self.returned: collections.deque[int] = collections.deque()
         self.maps: Maps = {}
+        self.replied = False  # whether it sent anything: a death before that is at its start
 
     def give_back(self, idents: list[int]) -> None:
         self.returned.extend(idents)
@@ -208,6 +209,7 @@ class ProcessPipeline:
         except channel.Closed:
             return  # the worker went away: its sentinel reports it
         for message, fds in frames:
+            w.replied = True
             if message[0] == "batch":
                 self._batch(w, message, fds)
             else:
@@ -265,8 +267,15 @@ class ProcessPipeline:
         else:
             how = f"exited with code {code}"
         current = [s for g, s in w.pending if g == self.generation]
-        where = (f"while building step {current[0]}" if current
-                 else f"while the loader was at step {self.next_step}")
+        if not w.replied:
+            where = (f"while starting, before it built a batch (with start method "
+                     f"{self.start_method!r} a worker imports the main module again: a script "
+                     "needs its `if __name__ == '__main__':` guard; the worker's own traceback, "
+                     "if any, is on stderr)")
+        elif current:
+            where = f"while building step {current[0]}"
+        else:
+            where = f"while the loader was at step {self.next_step}"
         hint = (" (SIGKILL is often the kernel's out-of-memory killer: see `dmesg`; fewer "
                 "workers or a smaller prefetch_size use less memory)" if code == -9 else "")
         error = WorkerError(f"loader worker {w.index} (pid {w.process.pid}) {how} {where}"

@@ -55,8 +55,8 @@ def _not_importable(transform: Any) -> bool:
     module = getattr(transform, "__module__", None)
     if module != "__main__":
         return False
-    main = sys.modules.get("__main__")
-    return getattr(main, "__file__", None) is None
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    return path is None or not os.path.isfile(path)  # a session, a notebook, or `python -`
 
 
 def choose(requested: Any, job: tuple[Any, ...], transform: Any) -> tuple[str, bytes | None]:

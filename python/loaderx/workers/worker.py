@@ -22,6 +22,7 @@ import traceback
 from typing import Any
 
 from loaderx._batch import Builder
+from loaderx.errors import LoaderxTypeError
 from loaderx.workers import channel
 from loaderx.workers.arena import Arena, BatchMemory
 from loaderx.workers.layout import encode
@@ -73,6 +74,14 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int]) -> N
                 channel.send(sock, reply, fds)
             except OSError:
                 return
+            except Exception as e:  # the output holds a value that does not pickle
+                arena.not_handed_over()  # first: a segment retired below was never sent
+                arena.returned(reply[4])
+                error = LoaderxTypeError(
+                    f"the transform's output at step {step} cannot be sent to the consumer: "
+                    f"{type(e).__name__}: {e}; return NumPy arrays, torch tensors, and values "
+                    "that pickle (in dicts, lists or tuples)")
+                channel.send(sock, _failure(generation, step, error))
     finally:
         sock.close()
 
