@@ -85,6 +85,22 @@ blocks: with as many workers as cores every gather runs on its own worker thread
 workers each gather also uses the pool. ``loaderx._native.set_num_threads`` (or the
 ``LOADERX_NUM_THREADS`` variable) sets the pool size.
 
+Processes: ``worker_mode="process"`` builds the batches in ``num_workers`` worker processes
+instead (see :mod:`loaderx.workers`), for transforms that run Python per sample and so hold
+the GIL: threads serialize on it, processes do not. Each worker opens the streams itself and
+builds whole batches -- sample, gather, transform -- straight into anonymous shared memory that
+the consumer maps, so arrays (in dicts, lists and tuples; CPU torch tensors too) arrive
+without a copy or a pickle; anything else is pickled. The batches, their order, ``seek``,
+checkpoints, passes and shards are those of the thread loader. A worker's exception reaches
+the consumer with its type and message and the worker's traceback as its ``__cause__``; a
+worker that dies (killed, out of memory) is a :class:`~loaderx.errors.WorkerError` naming it
+and its step. ``start_method`` picks how workers start (default: ``"forkserver"`` when the
+streams and the transform pickle, else ``"fork"``; see :mod:`loaderx.workers.start`). For a
+transform that releases the GIL (NumPy on whole batches, a gather alone, Pillow's decode)
+threads cost less: the process handoff costs tens of microseconds per batch.
+
+``num_workers=None`` (the default) is ``min(4, cores)`` threads or one process per core.
+
 Readahead: batch ``k`` is known in advance for every ``k``, so when a worker claims a step it
 also asks the kernel (``Zrecord.prefetch``) to start reading the records of the next
 ``readahead`` steps of every stream (default: ``prefetch_size + num_workers``, the window the
@@ -196,7 +212,8 @@ class DataLoader:
       (or anything implementing :mod:`loaderx.source`), all of one length; every batch gathers
       each stream at the same indices (a ragged stream as a list of arrays).
     * ``batch_size`` -- records per batch (the global batch when sharded).
-    * ``num_workers`` -- prefetch threads; ``0`` builds each batch on the consumer's thread.
+    * ``num_workers`` -- prefetch threads or worker processes; ``0`` builds each batch on the
+      consumer's thread; None (default): ``min(4, cores)`` threads, or one process per core.
     * ``prefetch_size`` -- finished batches kept ready ahead of the consumer.
     * ``mode`` -- ``"cyclic"`` (default: a fresh permutation per cycle), ``"iid"`` (with
       replacement) or ``"sequential"``; also a :class:`~loaderx.sampler.Mode` or 0/1/2.
@@ -207,6 +224,10 @@ class DataLoader:
     * ``shard_index``, ``shard_count`` -- this process's contiguous slice of each global batch.
     * ``readahead`` -- steps whose reads start early while reads go to the disk (default
       ``prefetch_size + num_workers``; ``0`` off).
+    * ``worker_mode`` -- ``"thread"`` (default) or ``"process"``: worker processes, for
+      transforms that hold the GIL (see the module documentation).
+    * ``start_method`` -- how worker processes start: None or ``"auto"`` (forkserver when the
+      streams and the transform pickle, else fork), ``"fork"``, ``"forkserver"``, ``"spawn"``.
 
     ``transform`` (the collate step) takes the batch dict and returns what ``next()`` yields;
     it runs on the prefetch threads. An exception it raises reaches the consumer at that step
@@ -520,7 +541,8 @@ class DataLoader:
         still inside a transform then ends on its own, its batch discarded); the datasets stay
         open. Closing twice is harmless; closing from another thread while a ``num_workers=0``
         ``next()`` builds a batch returns at once, and that ``next()`` raises
-        ``LoaderClosedError`` when its transform returns."""
+        ``LoaderClosedError`` when its transform returns. Worker processes are told to leave,
+        given the same second, then killed, and reaped either way."""
         self._pipe.stop()
 
     def __enter__(self) -> DataLoader:
