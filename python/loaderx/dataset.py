@@ -239,6 +239,10 @@ class DenseDataset(_StoreView):
         """``ds[i]``: one record (a NumPy scalar when records are scalars); a slice, a list,
         an integer array or a boolean mask: an array of records; a tuple indexes further into
         the records, as NumPy does."""
+        if type(idx) is np.ndarray and idx.ndim == 1 and idx.dtype in _BATCH_INDEX:
+            out = self._batch(idx)
+            if out is not None:
+                return out
         if isinstance(idx, tuple):
             if not idx:
                 raise LoaderxIndexError("an empty tuple is not a dataset index")
@@ -253,6 +257,20 @@ class DenseDataset(_StoreView):
         out = self.gather(flat.reshape(-1))
         return out.reshape(flat.shape + self.item_shape)
 
+    def _batch(self, idx: np.ndarray) -> np.ndarray | None:
+        """The common case of a batch -- a 1-D int64 or uint64 array -- on the shortest path:
+        the engine checks the indices itself, before it writes anything. None when it refuses
+        them (a negative index, which counts from the end, or one out of range): the general
+        path then handles or reports them."""
+        n = len(idx)
+        raw = _batch_buffer(n * self._row_bytes)
+        try:
+            self._native_gather_fixed(idx.view(_U64), raw, self._row_bytes, None, None)
+        except LoaderxIndexError:
+            return None
+        out: np.ndarray = raw.view(self.dtype).reshape((n, *self.item_shape))
+        return out
+
     def __getitems__(self, idxs: Sequence[int]) -> np.ndarray:
         """Batch fetch, as torch's DataLoader calls it: the records as one array."""
         return self.gather(_indices(idxs, len(self)).reshape(-1))
@@ -264,6 +282,20 @@ class DenseDataset(_StoreView):
         return _dense_gather(self, idxs, out)
 
 
+#: Index arrays the shortest path of ``DenseDataset.__getitem__`` takes.
+_BATCH_INDEX = (np.dtype(np.int64), _U64)
+#: Below this many bytes a batch buffer need not be aligned to 64 bytes: ``copy_bytes``
+#: copies records under 2 KiB with plain ``memcpy`` whatever their alignment.
+_ALIGNED_FROM = 256 * 1024
+
+
+def _batch_buffer(nbytes: int) -> np.ndarray:
+    """A uint8 array for a batch: 64-byte aligned when large (see ``aligned_empty``)."""
+    if nbytes < _ALIGNED_FROM:
+        return np.empty(nbytes, np.uint8)
+    return aligned_empty(nbytes)
+
+
 def _dense_gather(view: Any, idxs: Any, out: np.ndarray | None) -> np.ndarray:
     """The ``gather`` of every dense view (a :class:`DenseDataset`, a dense
     :class:`~loaderx.concat.ConcatDataset`): checks the indices and ``out`` (or allocates it
@@ -272,7 +304,7 @@ def _dense_gather(view: Any, idxs: Any, out: np.ndarray | None) -> np.ndarray:
         idxs = _indices(idxs, len(view)).reshape(-1)
     shape = (len(idxs), *view.item_shape)
     if out is None:
-        out = aligned_empty(len(idxs) * view.record_bytes).view(view.dtype).reshape(shape)
+        out = _batch_buffer(len(idxs) * view.record_bytes).view(view.dtype).reshape(shape)
     elif not isinstance(out, np.ndarray):
         raise LoaderxValueError(f"out must be a NumPy array, got {type(out).__name__}")
     elif out.dtype != view.dtype or out.shape != shape:

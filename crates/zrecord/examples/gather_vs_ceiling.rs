@@ -1,7 +1,9 @@
 //! The engine against the benchmark's ceiling with no Python in between:
-//! `cargo run --release -p zrecord --example gather_vs_ceiling [RECORD_BYTES] [DST_SHIFT]`.
+//! `cargo run --release -p zrecord --example gather_vs_ceiling [RECORD_BYTES] [DST_SHIFT]
+//! [STORE_MIB] [ROUNDS]`.
 //!
-//! Writes ~240 MiB of raw records to a temporary store, then times batches of 256 random
+//! Writes `STORE_MIB` (default 240; a small store stays in the CPU's caches, where the fixed
+//! costs per batch and per record show) of raw records to a temporary store, then times batches of 256 random
 //! records (sorted) read three ways into the same destination: `ceiling::copy_records` from an
 //! in-memory copy of the data (page-aligned, like a chunk), `Store::gather` and
 //! `Store::gather_fixed`. `DST_SHIFT` places the destination that many bytes past a page
@@ -23,7 +25,9 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let size: usize = args.next().map_or(12 * 1024, |s| s.parse().expect("RECORD_BYTES"));
     let shift: usize = args.next().map_or(16, |s| s.parse().expect("DST_SHIFT"));
-    let n = (240usize << 20) / size;
+    let mib: usize = args.next().map_or(240, |s| s.parse().expect("STORE_MIB"));
+    let rounds: usize = args.next().map_or(7, |s| s.parse().expect("ROUNDS"));
+    let n = (mib << 20) / size;
 
     let (mut src_buf, src_at) = page_aligned(n * size, 0);
     let data = &mut src_buf[src_at..src_at + n * size];
@@ -51,7 +55,7 @@ fn main() {
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
                 let i = rng % n as u64;
-                if !idx.contains(&i) {
+                if !idx.contains(&i) || idx.len() as u64 >= n as u64 {
                     idx.push(i);
                 }
             }
@@ -65,7 +69,7 @@ fn main() {
 
     let ways = ["ceiling", "gather", "gather_fixed"];
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); ways.len()];
-    for _round in 0..7 {
+    for _round in 0..rounds {
         for (w, way) in ways.iter().enumerate() {
             let t = Instant::now();
             for idx in &batches {

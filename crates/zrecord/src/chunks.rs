@@ -35,7 +35,20 @@ pub struct Chunk {
 
 impl Chunk {
     /// `len` stored bytes at `offset`, or a corruption error if they lie past the file's end.
+    #[inline]
     pub fn read(&self, offset: u64, len: u64) -> Result<&[u8]> {
+        let end = offset + len;
+        // The common case, inlined into the read loops: inside what is known to be written.
+        if end <= self.capacity && end <= self.size.load(Ordering::Acquire) {
+            return Ok(self.open.map.bytes(offset, len as usize));
+        }
+        self.read_past_known_end(offset, len)
+    }
+
+    /// [`Chunk::read`] of bytes past the size last seen: the file may have grown since.
+    #[cold]
+    #[inline(never)]
+    fn read_past_known_end(&self, offset: u64, len: u64) -> Result<&[u8]> {
         let end = offset + len;
         if end > self.capacity {
             return Err(Error::corrupt(

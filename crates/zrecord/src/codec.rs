@@ -4,11 +4,13 @@
 // Decoders of bytes from files: no panicking shortcuts (docs/FORMAT.md is the contract).
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
+use std::cell::RefCell;
 use std::io;
 use std::sync::OnceLock;
 
-use zstd::bulk::{Compressor, Decompressor};
+use zstd::bulk::Compressor;
 use zstd::dict::{DecoderDictionary, EncoderDictionary};
+use zstd_safe::DCtx;
 
 use crate::format::Codec;
 
@@ -121,23 +123,29 @@ impl<'d> Encoder<'d> {
     }
 }
 
-/// One shard's decompression contexts.
+thread_local! {
+    /// The calling thread's decompression context, reused by every record and every call it
+    /// decodes: making one (and freeing it) costs about as much as decoding a small record.
+    /// A forked child inherits its forking thread's, which is safe to go on using (a context
+    /// holds no locks).
+    static CONTEXT: RefCell<Option<DCtx<'static>>> = const { RefCell::new(None) };
+}
+
+/// Decodes records, on the calling thread's reused context (see `CONTEXT`).
 pub struct Decoder<'d> {
-    plain: Option<Decompressor<'d>>,
-    with_dict: Option<Decompressor<'d>>,
     dict: Option<&'d Dictionary>,
 }
 
 impl<'d> Decoder<'d> {
-    /// Contexts are made on first use.
+    /// `dict` is the store's dictionary, for `zstd_dict` records.
     pub fn new(dict: Option<&'d Dictionary>) -> Self {
-        Decoder { plain: None, with_dict: None, dict }
+        Decoder { dict }
     }
 
     /// Decompresses one frame straight into `dst`, which must come out exactly full. `Ok(false)`
     /// means a `zstd_dict` frame with no dictionary to read it.
     pub fn decode(&mut self, codec: Codec, src: &[u8], dst: &mut [u8]) -> io::Result<bool> {
-        let ctx = match codec {
+        let ddict = match codec {
             Codec::Raw => {
                 if src.len() != dst.len() {
                     return Err(io::Error::other(
@@ -147,19 +155,31 @@ impl<'d> Decoder<'d> {
                 copy_bytes(dst, src);
                 return Ok(true);
             }
-            Codec::Zstd => match &mut self.plain {
-                Some(c) => c,
-                slot => slot.insert(Decompressor::new()?),
-            },
-            Codec::ZstdDict => match &mut self.with_dict {
-                Some(c) => c,
-                slot => match self.dict {
-                    None => return Ok(false),
-                    Some(d) => slot.insert(Decompressor::with_prepared_dictionary(&d.decoder)?),
-                },
+            Codec::Zstd => None,
+            Codec::ZstdDict => match self.dict {
+                None => return Ok(false),
+                Some(d) => Some(d.decoder.as_ddict()),
             },
         };
-        let n = ctx.decompress_to_buffer(src, dst)?;
+        let n = CONTEXT.with(|cell| -> io::Result<usize> {
+            // Only this function borrows it, and nothing it calls decodes: never busy. (A
+            // fresh context would still be correct if it were.)
+            let mut slot = cell.try_borrow_mut().map_err(io::Error::other)?;
+            if slot.is_none() {
+                *slot = Some(
+                    DCtx::try_create()
+                        .ok_or_else(|| io::Error::other("zstd could not make a context"))?,
+                );
+            }
+            let Some(ctx) = slot.as_mut() else {
+                return Err(io::Error::other("no decompression context"));
+            };
+            let result = match ddict {
+                None => ctx.decompress(dst, src),
+                Some(ddict) => ctx.decompress_using_ddict(dst, src, ddict),
+            };
+            result.map_err(|code| io::Error::other(zstd_safe::get_error_name(code)))
+        })?;
         if n != dst.len() {
             return Err(io::Error::other(format!(
                 "frame decoded to {n} bytes, the table says {}",
@@ -180,6 +200,12 @@ impl<'d> Decoder<'d> {
 #[inline]
 pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
     debug_assert_eq!(dst.len(), src.len());
+    // Labels and other scalars: a move of a known size instead of a call to `memmove`.
+    if src.len() <= 16
+        && (copy_fixed::<8>(dst, src) || copy_fixed::<4>(dst, src) || copy_fixed::<16>(dst, src))
+    {
+        return;
+    }
     let distance = (dst.as_ptr() as usize).wrapping_sub(src.as_ptr() as usize) % 64;
     if src.len() < 2048 || distance == 0 || distance >= 32 {
         dst.copy_from_slice(src);
@@ -194,6 +220,18 @@ pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
     dst_tail.copy_from_slice(src_tail);
 }
 
+/// Copies `src` into `dst` when both are exactly `N` bytes long; false otherwise.
+#[inline]
+fn copy_fixed<const N: usize>(dst: &mut [u8], src: &[u8]) -> bool {
+    match (<&mut [u8; N]>::try_from(dst), <&[u8; N]>::try_from(src)) {
+        (Ok(d), Ok(s)) => {
+            *d = *s;
+            true
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing, reason = "tests")]
 mod tests {
@@ -203,10 +241,40 @@ mod tests {
     /// thresholds that pick `memcpy` or the block loop, against a byte-by-byte reference; the
     /// bytes around the destination range must stay untouched.
     #[test]
+    fn one_thread_decodes_plain_and_dictionary_frames_in_any_order() {
+        // The thread's one context serves both codecs in turn: a frame decoded against the
+        // dictionary must not leave it attached for the next plain frame, nor the reverse.
+        use super::{Codec, Decoder, Dictionary, Encoder};
+        let dict_bytes: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+        let dict = Dictionary::new(dict_bytes).unwrap();
+        let records: Vec<Vec<u8>> =
+            (0..6u32).map(|k| (0..1000u32).map(|i| ((i + k) % 251) as u8).collect()).collect();
+        let mut encoder = Encoder::new(Some(&dict), false);
+        let mut frames = Vec::new();
+        for (k, r) in records.iter().enumerate() {
+            let codec = if k % 2 == 0 { Codec::Zstd } else { Codec::ZstdDict };
+            let mut out = Vec::new();
+            assert_eq!(encoder.encode(codec, r, &mut out).unwrap(), codec);
+            frames.push((codec, out));
+        }
+        for _ in 0..2 {
+            let mut decoder = Decoder::new(Some(&dict));
+            for ((codec, frame), want) in frames.iter().zip(&records) {
+                let mut got = vec![0u8; want.len()];
+                assert!(decoder.decode(*codec, frame, &mut got).unwrap());
+                assert_eq!(&got, want);
+            }
+        }
+        // A dictionary frame with no dictionary is reported, not decoded wrong.
+        let mut got = vec![0u8; 1000];
+        assert!(!Decoder::new(None).decode(Codec::ZstdDict, &frames[1].1, &mut got).unwrap());
+    }
+
+    #[test]
     fn copy_bytes_matches_a_bytewise_copy_at_every_distance() {
         let src: Vec<u8> =
             (0..20_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-        for len in [0, 1, 255, 2047, 2048, 2049, 4096, 4096 + 257, 12_288] {
+        for len in [0, 1, 3, 4, 8, 15, 16, 17, 255, 2047, 2048, 2049, 4096, 4096 + 257, 12_288] {
             for src_at in [0, 5, 16, 64] {
                 for dst_at in 0..64 {
                     let mut dst = vec![0xA5u8; len + 128];

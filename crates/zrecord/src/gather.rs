@@ -5,7 +5,7 @@
 //! again when another process's compaction moved bytes during the call.
 
 use crate::chunks::Chunk;
-use crate::codec::Decoder;
+use crate::codec::{copy_bytes, Decoder};
 use crate::error::{Error, Result};
 use crate::format::{Codec, RecordLoc, MAX_RECORD_BYTES};
 use crate::pool::run_sharded_at_most;
@@ -75,33 +75,44 @@ impl Store {
             if let Some((&index, loc)) =
                 indices.iter().zip(&locs).find(|(_, loc)| loc.logic_length as usize != record_len)
             {
-                return Err(Error::corrupt(
-                    &self.meta_path,
-                    format!(
-                        "record {index} holds {} bytes where every record of this dataset \
-                         holds {record_len}",
-                        loc.logic_length
-                    ),
-                ));
+                return Err(self.wrong_length(index, loc, record_len));
             }
             if record_len == 0 {
                 return Ok(());
             }
-            let mut wanted = rows.map(|r| r.iter().copied().peekable());
-            let mut slots: Vec<Slot<'_>> = dst
-                .chunks_exact_mut(record_len)
-                .enumerate()
-                .filter(|&(row, _)| match wanted.as_mut() {
-                    None => true,
-                    Some(w) => w.next_if_eq(&(row as u64)).is_some(),
-                })
-                .map(|(_, d)| d)
-                .zip(indices.iter().zip(locs))
-                .map(|(dst, (&index, loc))| Slot { index, loc, dst })
-                .collect();
+            let records = indices.iter().zip(locs);
+            let mut slots: Vec<Slot<'_>> = match rows {
+                // Every row in order (a dataset's own batch): no row filter to run per record.
+                None => dst
+                    .chunks_exact_mut(record_len)
+                    .zip(records)
+                    .map(|(dst, (&index, loc))| Slot { index, loc, dst })
+                    .collect(),
+                Some(rows) => {
+                    let mut wanted = rows.iter().copied().peekable();
+                    dst.chunks_exact_mut(record_len)
+                        .enumerate()
+                        .filter(|&(row, _)| wanted.next_if_eq(&(row as u64)).is_some())
+                        .map(|(_, d)| d)
+                        .zip(records)
+                        .map(|(dst, (&index, loc))| Slot { index, loc, dst })
+                        .collect()
+                }
+            };
             debug_assert_eq!(slots.len(), dst_rows);
             self.read_slots(&mut slots, max_shards)
         })
+    }
+
+    fn wrong_length(&self, index: u64, loc: &RecordLoc, record_len: usize) -> Error {
+        Error::corrupt(
+            &self.meta_path,
+            format!(
+                "record {index} holds {} bytes where every record of this dataset holds \
+                 {record_len}",
+                loc.logic_length
+            ),
+        )
     }
 
     /// Fills every slot: copied from the chunk maps, sharded across the pool, when the records
@@ -116,7 +127,33 @@ impl Store {
         let sums = self.checked_reads();
         run_sharded_at_most(slots, total, max_shards, |block: &mut [Slot<'_>]| -> Result<()> {
             let mut decoder = Decoder::new(dict);
+            let mut last: Option<(u16, &Chunk)> = None;
             for s in block.iter_mut() {
+                // Small raw records are common (labels, embeddings, token rows): for them the
+                // fixed cost per record is most of the read, so they skip the general path's
+                // codec dispatch and repeated chunk lookups. Checked reads take the general one.
+                if sums.is_none()
+                    && s.loc.codec == Codec::Raw as u8
+                    && s.loc.phys_length == s.loc.logic_length
+                    && s.loc.phys_length as usize == s.dst.len()
+                    && !s.dst.is_empty()
+                {
+                    let chunk = match last {
+                        Some((id, chunk)) if id == s.loc.chunk_id => chunk,
+                        _ => {
+                            let Some((_, chunk)) = self.locate(s.index, &s.loc)? else {
+                                continue;
+                            };
+                            last = Some((s.loc.chunk_id, chunk));
+                            chunk
+                        }
+                    };
+                    let stored = chunk
+                        .read(u64::from(s.loc.offset), u64::from(s.loc.phys_length))
+                        .map_err(|e| for_record(e, s.index))?;
+                    copy_bytes(s.dst, stored);
+                    continue;
+                }
                 self.read_record(s.index, &s.loc, s.dst, &mut decoder)?;
                 self.check_sum(sums, s)?;
             }
