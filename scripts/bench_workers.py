@@ -24,10 +24,12 @@ per repeat (two rows that ran back to back), its median and range. Tables:
 * memory -- RSS, PSS and USS (private pages) from ``/proc/<pid>/smaps_rollup`` of each worker
   process and of the consumer after batch 100 and after 10,000 batches, process mode, start
   methods fork and forkserver, in a fresh interpreter each. Records of 256 bytes plus int64
-  labels, batch 100; the transform looks up a per-record name in a list of 100,000 Python
-  strings (about 20 MiB of objects built by the consumer before the loader starts): under fork
-  a worker that touched the parent's objects would copy their pages (torch's copy-on-write
-  growth, pytorch #13246), so growth per worker is the figure to read;
+  labels, batch 100. The consumer builds a list of 100,000 Python strings (about 20 MiB of
+  objects) before the loader starts; the identity rows never touch it, the lookup rows' transform
+  reads one name per record from it. Under fork a worker that touches the parent's objects
+  (their reference counts) copies their pages (torch's copy-on-write growth, pytorch #13246),
+  so growth per worker is the figure to read; under fork the consumer's USS also rises as the
+  pages it shared become its own when a worker copies them;
 * default worker count -- the thread loader with the augment transform for
   ``num_workers=None`` (the default) and 1, 2, 4.
 
@@ -45,8 +47,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -59,7 +63,6 @@ from bench_loader import (  # noqa: E402
     SIZE,
     NpyBatches,
     augment,
-    time_iter,
     torch_collate_batches,
 )
 from bench_store import make_data  # noqa: E402
@@ -82,25 +85,57 @@ class Plan:
         self.warm = 5 if quick else 20
 
 
+# -- timing --------------------------------------------------------------------------------------
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of this process (all its threads) and of ``pids``."""
+    total = 0
+    for pid in [os.getpid(), *pids]:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # a process that is gone counts nothing
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / TICK
+
+
+def timed(it, batches: int, warm: int, pids: Callable[[], list[int]] = list
+          ) -> tuple[float, float]:
+    """(batches/s, cores busy) of ``batches`` batches after ``warm`` (which starts workers);
+    cores busy counts the consumer and the worker processes ``pids()`` names."""
+    for _ in range(warm):
+        next(it)
+    procs = pids()
+    cpu, t = cpu_seconds(procs), time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    elapsed = time.perf_counter() - t
+    return batches / elapsed, (cpu_seconds(procs) - cpu) / elapsed
+
+
 # -- loaderx -------------------------------------------------------------------------------------
 
 
 def loaderx_rate(streams_fn: Callable[[], dict[str, Any]], batches: int, warm: int,
-                 info: dict[str, Any] | None = None, **kw: Any) -> float:
-    """Batches per second of one ``DataLoader`` run; ``info`` receives what the loader chose."""
+                 info: dict[str, Any] | None = None, **kw: Any) -> tuple[float, float]:
+    """(batches/s, cores busy) of one ``DataLoader`` run; ``info`` receives what it chose."""
     from loaderx.dataloader import DataLoader
 
     streams = streams_fn()
     try:
         with DataLoader(streams, **kw) as loader:
-            elapsed = time_iter(loader, batches, warm=warm)
+            result = timed(loader, batches, warm, lambda: list(loader.worker_pids))
             if info is not None:
                 info["num_workers"] = loader.num_workers
                 info["start_method"] = getattr(loader, "start_method", None)
     finally:
         for ds in streams.values():
             ds.close()
-    return batches / elapsed
+    return result
 
 
 def endless(loader):
@@ -108,10 +143,18 @@ def endless(loader):
         yield from loader
 
 
+def torch_worker_pids(loader) -> list[int]:
+    """The worker processes of a torch DataLoader with persistent workers (private API)."""
+    try:
+        return [w.pid for w in loader._iterator._workers]
+    except AttributeError:
+        return []
+
+
 # -- torch ---------------------------------------------------------------------------------------
 
 
-def torch_augment_rate(root: pathlib.Path, batches: int, warm: int) -> float:
+def torch_augment_rate(root: pathlib.Path, batches: int, warm: int) -> tuple[float, float]:
     """torch's DataLoader, 2 worker processes, whole batches through ``__getitems__``, the same
     ``augment`` transform (``bench_loader.torch_run`` with ``PROCS`` workers)."""
     import torch
@@ -122,7 +165,7 @@ def torch_augment_rate(root: pathlib.Path, batches: int, warm: int) -> float:
                         num_workers=PROCS, persistent_workers=True,
                         collate_fn=torch_collate_batches)
     try:
-        return batches / time_iter(endless(loader), batches, warm=warm)
+        return timed(endless(loader), batches, warm, partial(torch_worker_pids, loader))
     finally:
         del loader
 
@@ -178,7 +221,7 @@ class TvItems:
         return tv_pipeline()(img), int(self.label[i])
 
 
-def torch_tv_rate(root: pathlib.Path, batches: int, warm: int) -> float:
+def torch_tv_rate(root: pathlib.Path, batches: int, warm: int) -> tuple[float, float]:
     import torch
     from torch.utils.data import DataLoader
 
@@ -186,7 +229,7 @@ def torch_tv_rate(root: pathlib.Path, batches: int, warm: int) -> float:
     loader = DataLoader(TvItems(str(root)), batch_size=TV_BATCH, shuffle=True,
                         num_workers=PROCS, persistent_workers=True)
     try:
-        return batches / time_iter(endless(loader), batches, warm=warm)
+        return timed(endless(loader), batches, warm, partial(torch_worker_pids, loader))
     finally:
         del loader
 
@@ -207,13 +250,18 @@ def make_tv_data(root: pathlib.Path) -> None:
 # -- measuring -----------------------------------------------------------------------------------
 
 
-def interleaved(runs: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
-    """Each repeat runs every row once; returns each row's batches/s per repeat."""
+def interleaved(runs: dict[str, Callable[[], tuple[float, float]]], repeats: int
+                ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each repeat runs every row once; returns each row's batches/s and cores busy per
+    repeat."""
     rates: dict[str, list[float]] = {name: [] for name in runs}
+    cores: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, fn in runs.items():
-            rates[name].append(fn())
-    return rates
+            rate, busy = fn()
+            rates[name].append(rate)
+            cores[name].append(busy)
+    return rates, cores
 
 
 def ratio_text(rates: dict[str, list[float]], num: str, den: str) -> str:
@@ -229,13 +277,16 @@ def ratio(rates: dict[str, list[float]], num: str, den: str) -> float:
     return statistics.median(rates[num]) / statistics.median(rates[den])
 
 
-def table(rates: dict[str, list[float]], batch: int, ref: str | None) -> None:
-    print(f"| loader | batches/s | ms/batch | samples/s | vs {ref or '-'} |")
-    print("|---|---|---|---|---|")
+def table(measured: tuple[dict[str, list[float]], dict[str, list[float]]], batch: int,
+          ref: str | None) -> None:
+    rates, cores = measured
+    print(f"| loader | batches/s | ms/batch | samples/s | cores busy | vs {ref or '-'} |")
+    print("|---|---|---|---|---|---|")
     for name, r in rates.items():
         bps = statistics.median(r)
         vs = f"{ratio(rates, name, ref):.2f}x" if ref in rates else "-"
-        print(f"| {name} | {bps:,.1f} | {1e3 / bps:.2f} | {bps * batch:,.0f} | {vs} |")
+        print(f"| {name} | {bps:,.1f} | {1e3 / bps:.2f} | {bps * batch:,.0f} "
+              f"| {statistics.median(cores[name]):.2f} | {vs} |")
 
 
 def target(label: str, value: float, goal: float) -> str:
@@ -274,17 +325,26 @@ def augment_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
     torch_missing = has("torch")
     if torch_missing is None:
         runs[f"torch, {PROCS} worker processes"] = lambda: torch_augment_rate(root, b, w)
-    rates = interleaved(runs, repeats)
+    measured = interleaved(runs, repeats)
+    rates = measured[0]
     print(f"\n## Worker threads and processes, per-sample Python transform (augment) -- {N} "
           f"records of {SIZE // 1024} KiB (zstd) + int64 labels, batch {BATCH}, medians of "
           f"{repeats} x {b} batches\n")
-    table(rates, BATCH, f"torch, {PROCS} worker processes" if torch_missing is None else None)
+    table(measured, BATCH, f"torch, {PROCS} worker processes" if torch_missing is None else None)
     proc = f"processes, {PROCS} workers"
     print(f"\nprocess workers: start method {chosen.get('start_method')!r}")
     print(f"processes / threads-1: {ratio_text(rates, proc, 'threads, 1 worker')}")
     print(f"processes / threads-2: {ratio_text(rates, proc, 'threads, 2 workers')}")
+    print(target("processes / threads-2", ratio(rates, proc, "threads, 2 workers"), 1.8))
     best = max(ratio(rates, proc, "threads, 1 worker"), ratio(rates, proc, "threads, 2 workers"))
     print(target("processes / the better thread row", best, 1.8))
+    # Threads are not confined to one core: the gathers release the GIL and run on the native
+    # pool, so one thread already keeps more than a core busy, and no worker count can do
+    # better than the usable cores over that.
+    one = statistics.median(measured[1]["threads, 1 worker"])
+    cores = len(os.sched_getaffinity(0))
+    print(f"threads-1 keeps {one:.2f} cores busy: on {cores} cores no loader can run more than "
+          f"{cores / one:.2f}x its rate with this transform")
     if torch_missing is None:
         t = f"torch, {PROCS} worker processes"
         print(f"processes / torch: {ratio_text(rates, proc, t)}")
@@ -307,10 +367,11 @@ def identity_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
         f"processes, {PROCS} workers": lambda: loaderx_rate(
             streams, b, w, batch_size=BATCH, num_workers=PROCS, worker_mode="process"),
     }
-    rates = interleaved(runs, repeats)
+    measured = interleaved(runs, repeats)
+    rates = measured[0]
     print(f"\n## Identity transform -- the same data, batch {BATCH}, medians of {repeats} x {b} "
           f"batches\n")
-    table(rates, BATCH, "threads, default workers")
+    table(measured, BATCH, "threads, default workers")
     print(f"\nthread loader default: num_workers={default.get('num_workers')}")
     proc = f"processes, {PROCS} workers"
     print(f"processes / threads: {ratio_text(rates, proc, 'threads, default workers')}")
@@ -343,13 +404,14 @@ def torchvision_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
     import torchvision
 
     torch.set_num_threads(1)  # the thread rows run the pipeline in this process
-    rates = interleaved(runs, repeats)
+    measured = interleaved(runs, repeats)
+    rates = measured[0]
     print(f"\n## torchvision.transforms.v2 per sample -- {TV_N} images {TV_SIDE}x{TV_SIDE}x3 "
           f"uint8, RandomResizedCrop({TV_CROP}) + RandomHorizontalFlip + ToDtype(float32), "
           f"batch {TV_BATCH}, torch {torch.__version__}, torchvision {torchvision.__version__}, "
           f"medians of {repeats} x {b} batches\n")
     t = f"torch, {PROCS} worker processes"
-    table(rates, TV_BATCH, t)
+    table(measured, TV_BATCH, t)
     proc = f"processes, {PROCS} workers"
     print(f"\nprocess workers: start method {chosen.get('start_method')!r}")
     print(f"processes / threads-1: {ratio_text(rates, proc, 'threads, 1 worker')}")
@@ -370,11 +432,11 @@ def workers_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
     for n in (1, 2, 4):
         runs[f"num_workers={n}"] = (lambda n=n: loaderx_rate(
             streams, b, w, batch_size=BATCH, num_workers=n, transform=augment))
-    rates = interleaved(runs, repeats)
+    measured = interleaved(runs, repeats)
     cores = len(os.sched_getaffinity(0))
     print(f"\n## Default worker count, threads, augment transform -- {cores} usable cores, "
           f"medians of {repeats} x {b} batches\n")
-    table(rates, BATCH, "num_workers=1")
+    table(measured, BATCH, "num_workers=1")
     print(f"\nnum_workers=None chose {default.get('num_workers')} threads")
 
 
@@ -407,14 +469,16 @@ class NameLookup:
                 "name_len": np.asarray(lengths, dtype=np.int32)}
 
 
-def memory_run(root: pathlib.Path, method: str, batches: int) -> dict[str, Any]:
+def memory_run(root: pathlib.Path, method: str, lookup: bool, batches: int) -> dict[str, Any]:
     from loaderx.dataloader import DataLoader
     from loaderx.dataset import DenseDataset
 
+    # Built before the loader either way: under fork every worker inherits them.
     names = [f"record {i:06d} " + "x" * (150 + i % 50) for i in range(MEM_NAMES)]
     streams = {"data": DenseDataset(root / "mem-data"), "label": DenseDataset(root / "mem-label")}
+    kw = {"transform": NameLookup(names)} if lookup else {}
     with DataLoader(streams, batch_size=MEM_BATCH, num_workers=PROCS, worker_mode="process",
-                    start_method=method, transform=NameLookup(names)) as loader:
+                    start_method=method, **kw) as loader:
         for _ in range(100):
             next(loader)
         pids = list(loader.worker_pids)
@@ -433,32 +497,34 @@ def memory_run(root: pathlib.Path, method: str, batches: int) -> dict[str, Any]:
 def memory_table(root: pathlib.Path, plan: Plan) -> None:
     from loaderx.converter import from_numpy
 
-    from_numpy(root / "mem-data", make_data(MEM_N, MEM_SIZE, seed=3), codec="raw",
-               progress=False)
+    records = np.random.default_rng(3).integers(0, 256, size=(MEM_N, MEM_SIZE), dtype=np.uint8)
+    from_numpy(root / "mem-data", records, codec="raw", progress=False)
     from_numpy(root / "mem-label", np.arange(MEM_N, dtype=np.int64), codec="raw",
                progress=False)
     total = plan.memory + 100
     print(f"\n## Memory of process workers -- {MEM_N} records of {MEM_SIZE} B + int64 labels, "
-          f"batch {MEM_BATCH}, {PROCS} workers, a transform reading a list of {MEM_NAMES} "
-          f"Python strings the consumer built; smaps_rollup after batch 100 and after batch "
-          f"{total:,} (MiB)\n")
-    print("| start method | process | RSS @100 | PSS @100 | USS @100 | RSS @end | PSS @end "
-          "| USS @end | growth RSS | growth PSS | growth USS |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for method in ("fork", "forkserver"):
+          f"batch {MEM_BATCH}, {PROCS} workers; the consumer holds a list of {MEM_NAMES} Python "
+          f"strings (about 20 MiB) built before the loader, which the 'lookup' transform reads "
+          f"(one name per record) and 'identity' does not; smaps_rollup after batch 100 and "
+          f"after batch {total:,} (MiB; USS = private pages)\n")
+    print("| start method | transform | process | RSS @100 | PSS @100 | USS @100 | RSS @end "
+          "| PSS @end | USS @end | growth RSS | growth PSS | growth USS |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for method, kind in (("fork", "identity"), ("fork", "lookup"), ("forkserver", "identity"),
+                         ("forkserver", "lookup")):
         proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_workers.py"), "--memory",
-                               str(root), method, str(plan.memory)],
+                               str(root), method, kind, str(plan.memory)],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            print(f"| {method} | failed: {tail} |")
+            print(f"| {method} | {kind} | failed: {tail} |")
             continue
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         for who, a in out["first"].items():
             z = out["last"][who]
             cells = [a["rss"], a["pss"], a["uss"], z["rss"], z["pss"], z["uss"]]
             growth = [z[k] - a[k] for k in ("rss", "pss", "uss")]
-            print(f"| {out['method']} | {who} | "
+            print(f"| {out['method']} | {kind} | {who} | "
                   + " | ".join(f"{c / 1024:.1f}" for c in cells) + " | "
                   + " | ".join(f"{g / 1024:+.1f}" for g in growth) + " |")
 
@@ -477,8 +543,11 @@ What the ratios mean (on any machine):
   a shared-memory segment of its own.
 * identity, processes / threads: with nothing to parallelise the threads are already fast (the
   gather releases the GIL); the ratio is what the process machinery costs, at most 1 plus noise.
-* memory growth per worker: pages a worker gains over the run; under fork, growth means the
-  worker copied pages of the consumer it inherited (copy-on-write), so it should stay near 0.
+* memory growth per worker: pages a worker gains over the run. Under fork, growth means the
+  worker copied pages it inherited from the consumer (copy-on-write): the identity rows show
+  what the loader itself causes (it should stay near 0), the lookup rows what a transform that
+  reads the consumer's Python objects causes (up to the size of the objects it touches, once per
+  worker); forkserver workers inherit nothing, so they start with their own copy instead.
 """
 
 
@@ -513,8 +582,8 @@ def main(repeats: int = 5, quick: bool = False) -> None:
 
 def cli() -> None:
     if sys.argv[1:2] == ["--memory"]:
-        root, method, batches = sys.argv[2], sys.argv[3], int(sys.argv[4])
-        print(json.dumps(memory_run(pathlib.Path(root), method, batches)))
+        root, method, kind, batches = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+        print(json.dumps(memory_run(pathlib.Path(root), method, kind == "lookup", batches)))
         return
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
