@@ -4,7 +4,9 @@ or alone with ``python scripts/bench_workers.py [--repeats N] [--quick]``.
 
 Every table runs its rows interleaved (each repeat runs every row once, so a change of load
 hits all of them), on the same data in the same run, and shows medians; a ratio is also given
-per repeat (two rows that ran back to back), its median and range. Tables:
+per repeat (two rows that ran back to back), its median and range. ``cores busy`` is the CPU
+time of the consumer (all its threads) and of its worker processes per second of the timed run
+(``/proc/<pid>/stat``). Tables:
 
 * per-sample Python transform -- the loader benchmark's data (20000 records of 12 KiB, zstd
   store, plus int64 labels, batch 256) with ``bench_loader.augment`` (a Python loop over the
@@ -551,7 +553,10 @@ What the ratios mean (on any machine):
 """
 
 
-def main(repeats: int = 5, quick: bool = False) -> None:
+TABLES = ("augment", "identity", "torchvision", "memory", "workers")
+
+
+def main(repeats: int = 5, quick: bool = False, tables: tuple[str, ...] = TABLES) -> None:
     plan = Plan(quick)
     if quick:
         repeats = 1
@@ -570,11 +575,11 @@ def main(repeats: int = 5, quick: bool = False) -> None:
         from_numpy(root / "data-zstd", data, codec="zstd", progress=False)
         from_numpy(root / "label", label, codec="raw", progress=False)
         del data
-        augment_table(root, plan, repeats)
-        identity_table(root, plan, repeats)
-        torchvision_table(root, plan, repeats)
-        memory_table(root, plan)
-        workers_table(root, plan, repeats)
+        for name in tables:
+            if name == "memory":
+                memory_table(root, plan)
+            else:
+                globals()[f"{name}_table"](root, plan, repeats)
         print(NOTE)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -588,10 +593,15 @@ def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure (median)")
+    parser.add_argument("--tables", default="",
+                        help=f"comma-separated subset of {','.join(TABLES)} (default all)")
     parser.add_argument("--quick", action="store_true",
                         help="every row once with few batches (a smoke check)")
     args = parser.parse_args()
-    main(args.repeats, args.quick)
+    tables = tuple(args.tables.split(",")) if args.tables else TABLES
+    if unknown := set(tables) - set(TABLES):
+        parser.error(f"unknown tables {sorted(unknown)}; choose from {', '.join(TABLES)}")
+    main(args.repeats, args.quick, tables)
 
 
 if __name__ == "__main__":
