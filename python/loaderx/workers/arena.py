@@ -15,13 +15,13 @@ the largest made so far, so that after a few batches every batch fits a free seg
 from __future__ import annotations
 
 import math
-import mmap
 import os
 from typing import Any
 
 import numpy as np
 
 from loaderx.errors import LoaderxValueError
+from loaderx.workers.mapping import Mapping
 
 __all__ = ["Arena", "BatchMemory", "Segment"]
 
@@ -35,8 +35,20 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+class _Exposed:
+    """A mapping as a NumPy array's owner."""
+
+    __slots__ = ("__array_interface__", "_mapping")
+
+    def __init__(self, mapping: Mapping) -> None:
+        self._mapping = mapping
+        self.__array_interface__ = {"shape": (mapping.size,), "typestr": "|u1",
+                                    "data": (mapping.address, False), "version": 3}
+
+
 class Segment:
-    """One memfd segment, mapped read-write and shared."""
+    """One memfd segment, mapped read-write and shared. Its descriptor is kept only until the
+    consumer has it (:meth:`sent`): a worker may hold many segments."""
 
     def __init__(self, ident: int, size: int) -> None:
         self.ident = ident
@@ -44,17 +56,22 @@ class Segment:
         self.fd = os.memfd_create(f"loaderx-batch-{ident}", os.MFD_CLOEXEC)
         try:
             os.ftruncate(self.fd, size)
-            self.map = mmap.mmap(self.fd, size, mmap.MAP_SHARED,
-                                 mmap.PROT_READ | mmap.PROT_WRITE)
+            mapping = Mapping(self.fd, size)
         except BaseException:
             os.close(self.fd)
             raise
-        self.array = np.frombuffer(self.map, dtype=np.uint8)
-        self.address: int = self.array.ctypes.data
+        self.array: np.ndarray = np.asarray(_Exposed(mapping))
+        self.address: int = mapping.address
+
+    def sent(self) -> None:
+        """The consumer has the descriptor now (or never will need it)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def close(self) -> None:
-        os.close(self.fd)
-        # The mapping goes with the last array over it (NumPy keeps the mmap alive).
+        self.sent()
+        # The mapping goes with the last array over it.
         del self.array
 
 
@@ -122,6 +139,13 @@ class Arena:
         self.fresh, self.retired = [], []
         self.last_handed = (fresh, retired)
         return [(s.ident, s.size) for s in fresh], [s.fd for s in fresh], retired
+
+    def sent(self) -> None:
+        """The message of the last :meth:`handed_over` reached the consumer: the new
+        segments' descriptors are closed here."""
+        for segment in self.last_handed[0]:
+            segment.sent()
+        self.last_handed = ([], [])
 
     def not_handed_over(self) -> None:
         """The message of the last :meth:`handed_over` could not be sent: the next one tells

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from loaderx.workers.arena import Arena, BatchMemory, Segment
+from loaderx.workers.mapping import Mapping
 
 __all__ = ["Flat", "Loan", "Opaque", "Ref", "decode", "encode"]
 
@@ -214,16 +215,16 @@ class _Lease:
 
     __slots__ = ("__array_interface__", "_keep", "_loan")
 
-    def __init__(self, loan: Loan, keep: np.ndarray, address: int) -> None:
+    def __init__(self, loan: Loan, keep: Mapping) -> None:
         self._loan = loan
         self._keep = keep  # the segment's mapping, alive as long as this lease
         self.__array_interface__: dict[str, Any] = {
-            "shape": keep.shape, "typestr": "|u1", "data": (address, False), "version": 3}
+            "shape": (keep.size,), "typestr": "|u1", "data": (keep.address, False),
+            "version": 3}
 
 
-#: The consumer's map of one worker's segments: ident -> (the mapping as a uint8 array, its
-#: address).
-Maps = dict[int, tuple[np.ndarray, int]]
+#: The consumer's map of one worker's segments: ident -> its mapping.
+Maps = dict[int, Mapping]
 
 
 def decode(skeleton: Any, maps: Maps, loan: Loan) -> Any:
@@ -241,8 +242,7 @@ def _decode_flat(flat: Flat, maps: Maps, loan: Loan) -> dict[Any, Any]:
                                                                    strict=True):
         region = regions.get(segment)
         if region is None:
-            keep, address = maps[segment]
-            region = regions[segment] = np.asarray(_Lease(loan, keep, address))
+            region = regions[segment] = np.asarray(_Lease(loan, maps[segment]))
         array = np.ndarray(shape, _dtype(dtype), buffer=region, offset=offset, strides=strides)
         if torch:
             import torch as module
@@ -264,8 +264,7 @@ def _decode(value: Any, maps: Maps, loan: Loan, regions: dict[int, np.ndarray]) 
     if kind is Ref:
         region = regions.get(value.segment)
         if region is None:
-            keep, address = maps[value.segment]
-            region = regions[value.segment] = np.asarray(_Lease(loan, keep, address))
+            region = regions[value.segment] = np.asarray(_Lease(loan, maps[value.segment]))
         array = np.ndarray(value.shape, _dtype(value.dtype), buffer=region,
                            offset=value.offset, strides=value.strides)
         if value.torch:

@@ -1,13 +1,18 @@
 """The consumer's side of the worker processes: which worker builds which step, batches back in
 step order, errors and deaths reported, everything stopped and reaped.
 
-The consumer keeps up to ``prefetch + workers`` steps of the current position handed out, each
-to the worker with the fewest outstanding steps (at most a fair share of the window each, so a
-``seek`` never queues more than one window of steps that are no longer wanted). There is no
-thread: the workers build in the background, and ``next()`` hands out steps and reads replies.
-It waits on every worker's socket, on every worker's process sentinel -- a worker that dies is
-an error naming it and its step, never a hang -- and on a pipe through which ``close()`` from
-another thread wakes it.
+All talk with the workers happens on one thread of the consumer's process, the *I/O thread*
+(``loaderx-process-io``), never on the consumer's: a signal handler (Ctrl-C) runs only on the
+main thread, at any bytecode, and a frame half read or half written when it raised would
+corrupt the stream for good. The consumer only waits on a condition for its step, as the
+thread loader does, and gives a consumed step back if an interrupt lands after it took it.
+
+The I/O thread keeps up to ``prefetch + workers`` steps of the consumer's position handed
+out, each to the worker with the fewest outstanding steps (at most a fair share of the window
+each, so a ``seek`` never queues more than one window of steps no longer wanted). It waits in
+one ``poll`` on every worker's socket, every worker's process sentinel -- a worker that dies is
+an error naming it and its step, never a hang -- and a pipe through which the consumer wakes it
+(a step taken, a seek, close()).
 
 A reply's arrays are wrapped in place over the consumer's mapping of the worker's segments
 (:mod:`loaderx.workers.layout`); the segments go back to the worker, riding on its next step,
@@ -18,7 +23,6 @@ their segments given straight back.
 from __future__ import annotations
 
 import collections
-import mmap
 import multiprocessing
 import os
 import pickle
@@ -30,12 +34,12 @@ import time
 import warnings
 from typing import Any
 
-import numpy as np
-
 from loaderx._batch import Failure
 from loaderx.errors import LoaderClosedError, RemoteTraceback, WorkerError
 from loaderx.workers import channel, start, worker
 from loaderx.workers.layout import Loan, Maps, decode
+from loaderx.workers.mapping import Mapping
+from loaderx.workers.start import IO_THREAD
 
 __all__ = ["ProcessPipeline"]
 
@@ -57,6 +61,7 @@ class _Worker:
         self.returned: collections.deque[int] = collections.deque()
         self.maps: Maps = {}
         self.replied = False  # whether it sent anything: a death before that is at its start
+        self.dead: BaseException | None = None  # the error its death is reported as
 
     def give_back(self, idents: list[int]) -> None:
         self.returned.extend(idents)
@@ -85,7 +90,9 @@ class ProcessPipeline:
         self.requested = start_method
         self.start_method: str | None = None
         self.readahead = readahead
-        self.lock = threading.RLock()
+        self.cond = threading.Condition()
+        self.io: threading.Thread | None = None
+        self.fatal: BaseException | None = None  # raised to the consumer: nothing can be built
         self.ready: dict[int, Any] = {}
         self.next_step = start_step
         self.claim = start_step
@@ -113,32 +120,60 @@ class ProcessPipeline:
         if self.pid != os.getpid():
             raise LoaderClosedError("this DataLoader was created in another process; its "
                                     "worker processes belong to that one -- create it here")
-        with self.lock:
-            if self.closed:
-                raise LoaderClosedError("the DataLoader is closed")
-            if self.steps is not None and self.next_step >= self.steps:
-                raise StopIteration
-            if not self.workers:
-                self._start()
-            self._top_up()
-            while self.next_step not in self.ready:
-                self._wait()
-                self._top_up()
-            step = self.next_step
-            item = self.ready[step]
-            del self.ready[step]
-            self.next_step = step + 1
-            self._top_up()
-        if isinstance(item, Failure):
+        taken = False
+        try:
+            with self.cond:
+                if self.closed:
+                    raise LoaderClosedError("the DataLoader is closed")
+                if self.steps is not None and self.next_step >= self.steps:
+                    raise StopIteration
+                if self.io is None:
+                    self._start()
+                while self.next_step not in self.ready:
+                    if self.fatal is not None:
+                        raise self.fatal
+                    if self.closed:
+                        raise LoaderClosedError("the DataLoader was closed while waiting")
+                    self.cond.wait()
+                self._wake()  # the I/O thread hands out the step past the window
+                step, generation = self.next_step, self.generation
+                item = self.ready[step]
+                failed = item.__class__ is Failure
+                # No call from here to `taken = True` (see the thread pipeline's next()).
+                del self.ready[step]
+                self.next_step = step + 1
+                taken = True
+        except BaseException as e:
+            if taken:  # an interrupt as the lock was released: the step is given back
+                self._give_back(step, generation, item)
+            elif e is self.fatal:
+                self.stop()
+            raise
+        if failed:
             self.stop()
             raise item.error
         return item
 
+    def _give_back(self, step: int, generation: int, item: Any) -> None:
+        with self.cond:
+            if (not self.closed and self.generation == generation
+                    and self.next_step == step + 1 and step not in self.ready):
+                self.ready[step] = item
+                self.next_step = step
+                self.cond.notify_all()
+
     def seek(self, step: int) -> None:
-        with self.lock:
+        with self.cond:
             self.generation += 1
             self.ready.clear()
             self.next_step = self.claim = self.prefetched_to = step
+            self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self.wake_write, b"x")
+        except OSError:  # full (the thread has wake-ups to read already) or closed
+            pass
 
     def _start(self) -> None:
         method, payload = start.choose(self.requested, self.job, self.transform)
@@ -171,12 +206,41 @@ class ProcessPipeline:
             self._shutdown()
             raise
         self.start_method = method
+        self.io = threading.Thread(target=self._serve, name=IO_THREAD, daemon=True)
+        self.io.start()
+
+    # -- the I/O thread ------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """The I/O thread: hands out steps, takes in replies, reports deaths, until closed."""
+        try:
+            while True:
+                with self.cond:
+                    if self.closed or self.fatal is not None:
+                        return
+                    self._top_up()
+                ready = {fd for fd, _ in self.poller.poll()}
+                with self.cond:
+                    if self.closed:
+                        return
+                    if self.wake_read in ready:
+                        _drain(self.wake_read)
+                    self._take_in(ready)
+                    self.cond.notify_all()
+        except BaseException as e:  # a bug here must not leave the consumer waiting forever
+            with self.cond:
+                if self.fatal is None:
+                    self.fatal = e
+                self.cond.notify_all()
 
     def _top_up(self) -> None:
-        """Hands out steps until the window of the current position is covered."""
+        """Hands out steps until the window of the consumer's position is covered."""
         while (self.claim < self.next_step + self.window
                and (self.steps is None or self.claim < self.steps)):
-            w = min(self.workers, key=lambda w: len(w.pending))
+            live = [w for w in self.workers if w.dead is None]
+            if not live:
+                return
+            w = min(live, key=lambda w: len(w.pending))
             if len(w.pending) >= self.share:
                 return  # each worker has its share (stale steps of a seek count too)
             step = self.claim
@@ -186,22 +250,26 @@ class ProcessPipeline:
             try:
                 channel.send(w.sock, message)
             except OSError:
+                w.process.join(_JOIN_SECONDS)  # its end closed: it is exiting
                 self._died(w)
+                continue
             self.prefetched_to = max(self.prefetched_to, ahead.stop)
             w.pending.append((self.generation, step))
             self.claim += 1
 
-    def _wait(self) -> None:
-        """Waits for a reply, a death or close(), and takes in what arrived."""
-        ready = {fd for fd, _ in self.poller.poll()}
-        if self.closed:
-            raise LoaderClosedError("the DataLoader was closed while waiting")
+    def _take_in(self, ready: set[int]) -> None:
+        """Files what the workers whose sockets or sentinels are in ``ready`` sent."""
         for w in list(self.workers):
+            if w.dead is not None:
+                continue
             if w.sock.fileno() in ready:
                 self._receive(w)
             if w.process.sentinel in ready:
                 self._receive(w)  # what it sent before it died still counts
                 self._died(w)
+        if self.workers and all(w.dead is not None for w in self.workers) \
+                and self.next_step not in self.ready and self.fatal is None:
+            self.fatal = next(w.dead for w in self.workers if w.dead is not None)
 
     def _receive(self, w: _Worker) -> None:
         try:
@@ -219,11 +287,9 @@ class ProcessPipeline:
         _, generation, step, skeleton, lent, fresh, retired = message
         for (ident, size), fd in zip(fresh, fds, strict=True):
             try:
-                mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                w.maps[ident] = Mapping(fd, size)  # keeps no descriptor
             finally:
                 os.close(fd)
-            array = np.frombuffer(mapping, dtype=np.uint8)
-            w.maps[ident] = (array, array.ctypes.data)
         for ident in retired:
             w.maps.pop(ident, None)  # arrays over it keep the mapping until they go
         if w.pending:
@@ -248,15 +314,16 @@ class ProcessPipeline:
                 "not be sent to this process (it does not pickle), its traceback is the cause")
         error.__cause__ = RemoteTraceback(trace)
         if step < 0:  # the worker could not start: nothing can be built
-            self._shutdown()
-            raise error
+            self.fatal = error
+            return
         if w.pending:
             w.pending.popleft()
         if generation == self.generation and not self.closed:
             self.ready[step] = Failure(error)
 
     def _died(self, w: _Worker) -> None:
-        """Worker ``w`` is gone while the loader runs: stops the rest and raises."""
+        """Worker ``w`` is gone while the loader runs: its error is filed at the step it held
+        (or, at its start or while idle, raised to the consumer's next wait)."""
         w.process.join(0)
         code = w.process.exitcode
         if code is not None and code < 0:
@@ -280,21 +347,40 @@ class ProcessPipeline:
                 "workers or a smaller prefetch_size use less memory)" if code == -9 else "")
         error = WorkerError(f"loader worker {w.index} (pid {w.process.pid}) {how} {where}"
                             f"{hint}; the DataLoader is closed")
-        self._shutdown()
-        raise error
+        w.dead = error
+        for fd in (w.sock.fileno(), w.process.sentinel):
+            try:
+                self.poller.unregister(fd)
+            except KeyError:
+                pass
+        if current and w.replied:
+            # Delivered at its step, after the steps before it (other workers build those),
+            # as a transform's exception would be.
+            self.ready.setdefault(current[0], Failure(error))
+        elif self.fatal is None:
+            self.fatal = error
 
     # -- shutdown ------------------------------------------------------------------------------
 
     def stop(self) -> None:
         if self.closed:
             return
-        self.closed = True
-        try:
-            os.write(self.wake_write, b"x")  # a next() waiting on another thread returns
-        except OSError:
-            pass
-        with self.lock:
-            self._shutdown()
+        if self.pid != os.getpid():
+            # A forked child closing its copy: the workers, the pipe and the lock are the
+            # parent's; touching them would disturb the parent's loader.
+            self.closed = True
+            return
+        with self.cond:
+            if self.closed:
+                return
+            self.closed = True
+            self.ready.clear()
+            self._wake()
+            self.cond.notify_all()
+        io = self.io
+        if io is not None and io is not threading.current_thread():
+            io.join(_JOIN_SECONDS)
+        self._shutdown()
 
     def _shutdown(self) -> None:
         """Closes the sockets (each worker then leaves), reaps the workers, kills those that
@@ -302,7 +388,7 @@ class ProcessPipeline:
         self.closed = True
         self.ready.clear()
         workers, self.workers = self.workers, []
-        if self.pid != os.getpid():
+        if self.pid != os.getpid() or not workers:
             return
         for w in workers:
             w.reader.close()
@@ -320,6 +406,14 @@ class ProcessPipeline:
             except OSError:
                 pass
         self.wake_read = self.wake_write = -1
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except OSError:  # empty (non-blocking) or closed
+        return
 
 
 def _preload_forkserver(context: Any) -> None:

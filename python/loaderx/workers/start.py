@@ -28,9 +28,12 @@ from typing import Any
 
 from loaderx.errors import LoaderxTypeError, LoaderxValueError
 
-__all__ = ["METHODS", "choose", "default_workers", "usable_cores"]
+__all__ = ["IO_THREAD", "METHODS", "choose", "default_workers", "usable_cores"]
 
 METHODS = ("fork", "forkserver", "spawn")
+#: The name of the process loaders' I/O threads. They do not make forking unsafe: they hold no
+#: lock while they wait, and a forked child never uses its copy of a parent's loader.
+IO_THREAD = "loaderx-process-io"
 
 
 def usable_cores() -> int:
@@ -47,6 +50,12 @@ def default_workers(mode: str) -> int:
     only contend; a GIL-bound transform is the process mode's case)."""
     cores = usable_cores()
     return cores if mode == "process" else min(4, cores)
+
+
+def _other_python_threads() -> bool:
+    """Whether a Python thread other than this one and loaderx's I/O threads runs."""
+    me = threading.current_thread()
+    return any(t is not me and t.name != IO_THREAD for t in threading.enumerate())
 
 
 def _not_importable(transform: Any) -> bool:
@@ -67,7 +76,7 @@ def choose(requested: Any, job: tuple[Any, ...], transform: Any) -> tuple[str, b
             method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() \
                 else "spawn"
             return method, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
-        if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
+        if "fork" in multiprocessing.get_all_start_methods() and not _other_python_threads():
             return "fork", None
         raise LoaderxTypeError(
             f"worker processes cannot be started: {why}, and this process runs other Python "

@@ -15,9 +15,11 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import select
 import signal
 import socket
 import sys
+import threading
 import traceback
 from typing import Any
 
@@ -35,6 +37,11 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int]) -> N
     ``(streams, rows_of, job, mask_key, workers, keep, steps)``."""
     # Ctrl-C reaches the whole process group: the consumer handles it and closes the loader.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    # The consumer's death ends the worker even inside a transform that never returns: the
+    # socket's other end closing wakes this thread (the main one notices only between steps).
+    threading.Thread(target=_exit_when_orphaned, args=(sock.fileno(),), daemon=True,
+                     name="loaderx-worker-watch").start()
     for fd in close_fds:  # forked: the consumer's ends of the other workers' sockets
         try:
             os.close(fd)
@@ -72,6 +79,7 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int]) -> N
             reply, fds = _build(builder, arena, generation, step)
             try:
                 channel.send(sock, reply, fds)
+                arena.sent()
             except OSError:
                 return
             except Exception as e:  # the output holds a value that does not pickle
@@ -84,6 +92,15 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int]) -> N
                 channel.send(sock, _failure(generation, step, error))
     finally:
         sock.close()
+
+
+def _exit_when_orphaned(fd: int) -> None:
+    poller = select.poll()
+    poller.register(fd, 0)  # hang-ups and errors are always reported
+    while True:
+        for _, events in poller.poll():
+            if events & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                os._exit(0)
 
 
 def _build(builder: Builder, arena: Arena, generation: int,
