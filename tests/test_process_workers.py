@@ -1,0 +1,890 @@
+"""Process workers (issue 22): ``DataLoader(..., worker_mode="process")`` gives the batches the
+thread loader gives -- for any worker count, with ragged streams and ``ctx`` transforms, after
+``seek`` and ``load_state_dict``, in ``epoch()`` passes and shards -- returns what the transform
+returned (containers of arrays, torch tensors, plain values), never reuses memory the consumer
+still sees, delivers transform errors with their type, message and the worker's traceback, and
+turns a dead worker into a ``WorkerError``. Workers are reaped by ``close()``, a ``with`` block
+and interpreter exit, and end on their own when the consumer is killed, leaving nothing in
+/dev/shm. Crash scenarios run in subprocesses; the transforms live in ``_process_helpers`` so
+that forkserver and spawn workers can unpickle them."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import pathlib
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import _process_helpers as helpers
+from frameworks_required import need
+from loaderx import (
+    ConcatDataset,
+    DataLoader,
+    DenseDataset,
+    RaggedDataset,
+    Subset,
+    from_iterator,
+    from_numpy,
+    pack,
+)
+from loaderx.errors import (
+    LoaderClosedError,
+    LoaderxError,
+    LoaderxValueError,
+    RemoteTraceback,
+    WorkerError,
+)
+
+TESTS = pathlib.Path(__file__).parent
+#: Seconds a subprocess may take: only a hang gets near it (2 loaded cores start Python slowly).
+HANG = 180
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)}
+
+N = 61
+RNG = np.random.default_rng(22)
+X = RNG.normal(size=(N, 2, 3)).astype(np.float32)
+Y = np.arange(N, dtype=np.int64) * 10
+#: Ragged records of shape (n_i, 3), some of them empty.
+R = [RNG.integers(-999, 999, size=(int(RNG.integers(0, 9)), 3)).astype(np.int16)
+     for _ in range(N)]
+BATCH = 6
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("process_workers")
+    from_numpy(out / "x", X, codec="zstd")
+    from_numpy(out / "y", Y, codec="raw")
+    from_iterator(out / "r", R, codec="zstd")
+    return out
+
+
+def dense(root: pathlib.Path) -> dict[str, Any]:
+    return {"x": DenseDataset(root / "x"), "y": DenseDataset(root / "y")}
+
+
+def mixed(root: pathlib.Path) -> dict[str, Any]:
+    """A dense float stream, a dense label stream and a ragged stream."""
+    return {**dense(root), "r": RaggedDataset(root / "r")}
+
+
+def frozen(value: Any) -> Any:
+    """A batch as nested tuples of types, dtypes, shapes and bytes: what "identical" compares
+    (a torch tensor stays distinct from a NumPy array, a tuple from a list or a namedtuple, a
+    masked array from a plain one)."""
+    torch = sys.modules.get("torch")
+    kind = type(value).__name__
+    if isinstance(value, dict):
+        return (kind, tuple((k, frozen(v)) for k, v in value.items()))
+    if isinstance(value, (tuple, list)):
+        return (kind, tuple(frozen(v) for v in value))
+    if torch is not None and isinstance(value, torch.Tensor):
+        raw = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        return (kind, str(value.dtype), tuple(value.shape), raw.numpy().tobytes())
+    if isinstance(value, np.ma.MaskedArray):
+        return (kind, frozen(value.data), frozen(np.ma.getmaskarray(value)))
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            return (kind, value.shape, value.tolist())
+        return (kind, value.dtype.str, str(value.dtype), value.shape, value.tobytes())
+    if isinstance(value, np.generic):
+        return (kind, value.item())
+    return (kind, value)
+
+
+def take(loader: Any, n: int) -> list[Any]:
+    return [frozen(next(loader)) for _ in range(n)]
+
+
+def reference(streams: dict[str, Any], n: int, start: int = 0, **kw: Any) -> list[Any]:
+    """Batches ``start .. start + n`` of the thread loader (built on the consumer's thread)."""
+    with DataLoader(streams, batch_size=BATCH, num_workers=0, start_step=start, **kw) as loader:
+        return take(loader, n)
+
+
+def process(streams: dict[str, Any], **kw: Any) -> DataLoader:
+    kw.setdefault("num_workers", 2)
+    kw.setdefault("prefetch_size", 2)
+    return DataLoader(streams, batch_size=BATCH, worker_mode="process", **kw)
+
+
+def assert_reaped(pids: list[int]) -> None:
+    """Every pid ends and is reaped (no zombie stays behind) within the deadline."""
+    helpers.wait_until(lambda: all(helpers.state_of(p) is None for p in pids),
+                       f"workers {pids} ending and being reaped")
+
+
+def run_child(code: str, *args: str, timeout: float = HANG) -> dict[str, Any]:
+    """Runs ``code`` in a fresh interpreter and returns the JSON it prints last."""
+    try:
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args],
+                           capture_output=True, text=True, timeout=timeout, env=ENV)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"the child hung ({timeout:.0f} s): {e.stderr!r}") from None
+    assert r.returncode == 0, f"exit status {r.returncode}\n{r.stderr[-4000:]}"
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+def test_modes_and_default_worker_counts(root):
+    cores = len(os.sched_getaffinity(0))
+    with DataLoader(dense(root), batch_size=BATCH) as threads:
+        assert threads.worker_mode == "thread"
+        assert threads.num_workers == min(4, cores)
+        next(threads)
+        assert threads.worker_pids == [] and threads.start_method is None
+    with process(dense(root), num_workers=None) as loader:
+        assert loader.worker_mode == "process"
+        assert loader.num_workers == cores
+        assert loader.worker_pids == []  # workers start at the first next()
+
+
+def test_bad_arguments_are_refused(root):
+    with pytest.raises(LoaderxValueError, match="process"):
+        DataLoader(dense(root), worker_mode="bogus")
+    with pytest.raises(LoaderxValueError, match="forkserver"):
+        DataLoader(dense(root), worker_mode="process", start_method="bogus")
+
+
+# -- the same batches as threads ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+def test_batches_match_threads_with_ragged_stream_and_ctx(root, workers):
+    """12 steps of 6 over 61 records cross a cycle of the sampler."""
+    want = reference(mixed(root), 12, transform=helpers.augment, seed=7)
+    with process(mixed(root), num_workers=workers, transform=helpers.augment,
+                 seed=7) as loader:
+        assert loader.worker_pids == []
+        assert take(loader, 12) == want
+        assert len(loader.worker_pids) == workers
+        if workers:
+            # A module-level transform pickles: auto chooses forkserver.
+            assert loader.start_method == "forkserver"
+            assert all(helpers.alive(p) for p in loader.worker_pids)
+
+
+def test_identity_batches_match_threads(root):
+    want = reference(mixed(root), 9, mode="iid", seed=123)
+    with process(mixed(root), mode="iid", seed=123) as loader:
+        batch = next(loader)
+        assert isinstance(batch["r"], list) and all(isinstance(a, np.ndarray)
+                                                    for a in batch["r"])
+        assert [frozen(batch)] + take(loader, 8) == want
+
+
+def test_seek_and_resume_match_threads(root):
+    want = reference(mixed(root), 30, transform=helpers.augment, seed=3)
+    kw = {"transform": helpers.augment, "seed": 3}
+    with process(mixed(root), **kw) as loader:
+        loader.seek(9)  # before the workers start
+        assert take(loader, 2) == want[9:11]
+        loader.seek(2)  # after
+        assert take(loader, 3) == want[2:5]
+        state = loader.state_dict()
+        assert state["step"] == 5
+        assert take(loader, 4) == want[5:9]
+        loader.seek(25)
+        assert take(loader, 5) == want[25:30]
+    with process(mixed(root), num_workers=3, **kw) as resumed:
+        resumed.load_state_dict(state)
+        assert take(resumed, 4) == want[5:9]
+    with process(mixed(root), num_workers=1, start_step=20, **kw) as started:
+        assert take(started, 3) == want[20:23]
+
+
+def test_epochs_match_threads(root):
+    kw = {"transform": helpers.augment, "seed": 4}
+    with DataLoader(mixed(root), batch_size=BATCH, num_workers=0, **kw) as threads:
+        want = {name: [frozen(b) for b in threads.epoch(**opts)]
+                for name, opts in (("whole", {}), ("padded", {"pad": True}),
+                                   ("dropped", {"drop_last": True}))}
+    with process(mixed(root), **kw) as loader:
+        whole = loader.epoch()
+        assert len(whole) == 11
+        assert [frozen(b) for b in whole] == want["whole"]
+        padded = [frozen(b) for b in loader.epoch(pad=True)]
+        assert padded == want["padded"]
+        assert [frozen(b) for b in loader.epoch(drop_last=True)] == want["dropped"]
+        assert loader.step == 0  # a pass does not move the endless loader
+
+
+@pytest.mark.parametrize("shard_index", [0, 1])
+def test_shards_match_threads(root, shard_index):
+    kw = {"transform": helpers.augment, "seed": 8, "shard_index": shard_index,
+          "shard_count": 2}
+    want = reference(mixed(root), 6, **kw)
+    with DataLoader(mixed(root), batch_size=BATCH, num_workers=0, **kw) as threads:
+        want_pass = [frozen(b) for b in threads.epoch(pad=True)]
+    with process(mixed(root), num_workers=1, readahead=2, **kw) as loader:
+        assert take(loader, 6) == want
+        assert [frozen(b) for b in loader.epoch(pad=True)] == want_pass
+
+
+# -- what comes back ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transform", [
+    helpers.as_tuple, helpers.as_list, helpers.as_namedtuple, helpers.bare_array,
+    helpers.nested, helpers.odd_containers, helpers.non_arrays, helpers.odd_arrays,
+    helpers.masked, helpers.growing], ids=lambda f: f.__name__)
+def test_returned_values_come_back_as_returned(root, transform):
+    want = reference(dense(root), 4, transform=transform, seed=1)
+    with process(dense(root), num_workers=1, transform=transform, seed=1) as loader:
+        assert take(loader, 4) == want
+
+
+def test_torch_tensors_come_back_as_tensors(root):
+    torch = need("torch")
+    want = reference(dense(root), 3, transform=helpers.to_torch, seed=2)
+    with process(dense(root), num_workers=1, transform=helpers.to_torch, seed=2) as loader:
+        batch = next(loader)
+        assert isinstance(batch["x"], torch.Tensor) and isinstance(batch["y"], torch.Tensor)
+        assert isinstance(batch["tuple"], tuple) and isinstance(batch["tuple"][0], torch.Tensor)
+        assert isinstance(batch["tuple"][1], np.ndarray)
+        assert [frozen(batch)] + take(loader, 2) == want
+
+
+def test_odd_torch_tensors_come_back_as_returned(root):
+    need("torch")
+    want = reference(dense(root), 3, transform=helpers.odd_tensors, seed=2)
+    with process(dense(root), num_workers=1, transform=helpers.odd_tensors, seed=2) as loader:
+        assert take(loader, 3) == want
+
+
+def test_views_and_packed_streams_match_threads(root, tmp_path):
+    """Subsets, concatenations and packed token rows pickle into the workers and give the
+    thread loader's batches (a packed stream's companion arrays included)."""
+    docs = [np.arange(1, int(n) + 1, dtype=np.uint16) for n in RNG.integers(1, 20, size=40)]
+    from_iterator(tmp_path / "docs", docs)
+    idx = np.random.default_rng(5).permutation(2 * N)[:50]
+    views = {"x": Subset(ConcatDataset([root / "x", root / "x"]), idx),
+             "r": Subset(ConcatDataset([root / "r", root / "r"]), idx)}
+    packed = {"t": pack(RaggedDataset(tmp_path / "docs"), 8, eos_id=0)}
+    for streams in (views, packed):
+        want = reference(streams, 8, seed=12)
+        with process(streams, seed=12) as loader:
+            assert take(loader, 8) == want
+    assert "t_segment_ids" in next(iter(DataLoader(packed, batch_size=BATCH, num_workers=0)))
+
+
+def test_arrays_are_writable_as_in_threads(root):
+    want = reference(mixed(root), 8, seed=13)
+    with process(mixed(root), seed=13) as loader:
+        for step in range(8):
+            batch = next(loader)
+            assert frozen(batch) == want[step]
+            batch["x"] *= 0  # a consumer normalizing in place
+            batch["r"][0][...] = 1
+            assert not batch["x"].any()
+
+
+def memfd_bytes() -> int:
+    """Bytes of memfd (anonymous shared) memory this process maps."""
+    total = 0
+    for line in pathlib.Path("/proc/self/maps").read_text().splitlines():
+        if "/memfd:" in line:
+            start, end = (int(v, 16) for v in line.split()[0].split("-"))
+            total += end - start
+    return total
+
+
+def test_kept_batches_are_never_overwritten(root):
+    want = reference(mixed(root), 200, seed=6)
+    with process(mixed(root), seed=6) as loader:
+        kept = next(loader)
+        view = next(loader)["x"][2:4]  # a view outlives its dict
+        ragged_record = next(loader)["r"][1]
+        for step in range(3, 53):
+            assert frozen(next(loader)) == want[step]
+        assert frozen(kept) == want[0]
+        np.testing.assert_array_equal(view, X[_indices(loader, 1)][2:4])
+        np.testing.assert_array_equal(ragged_record, R[int(_indices(loader, 2)[1])])
+        # Batches held together never share memory.
+        held = [next(loader) for _ in range(8)]
+        shared = [(i, j, k) for k in ("x", "y") for i in range(len(held))
+                  for j in range(i + 1, len(held)) if np.shares_memory(held[i][k], held[j][k])]
+        assert shared == []
+        assert [frozen(b) for b in held] == want[53:61]
+        del held
+        # Memory released is reused: the mapped shared memory stays bounded.
+        early = memfd_bytes()
+        for step in range(61, 200):
+            assert frozen(next(loader)) == want[step]
+        assert memfd_bytes() <= 2 * early + (1 << 20)
+
+
+def _indices(loader: DataLoader, step: int) -> np.ndarray:
+    return loader.batch_indices(step).astype(np.int64)
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+def test_transform_error_reaches_the_consumer_with_the_workers_traceback(root):
+    loader = process(dense(root), transform=helpers.boom_at_step_3)
+    delivered = []
+    with pytest.raises(ValueError, match="^boom at step 3$") as info:
+        for _ in range(10):
+            next(loader)
+            delivered.append(loader.step - 1)
+    pids = loader.worker_pids
+    assert delivered == [0, 1, 2]
+    assert type(info.value) is ValueError
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    assert "boom_at_step_3" in str(cause) and "boom at step 3" in str(cause)
+    assert loader.closed
+    with pytest.raises(LoaderClosedError):
+        next(loader)
+    assert_reaped(pids)
+
+
+@pytest.mark.parametrize(("transform", "kind", "message"), [
+    (helpers.unpicklable_at_step_2, "HoldsALock", "a lock inside at step 2"),
+    (helpers.unloadable_at_step_2, "NeedsTwoArguments", "two arguments needed at 2"),
+], ids=["does-not-pickle", "does-not-unpickle"])
+def test_an_exception_that_does_not_travel_is_a_worker_error(root, transform, kind, message):
+    loader = process(dense(root), transform=transform)
+    with pytest.raises(WorkerError) as info:
+        for _ in range(10):
+            next(loader)
+    assert isinstance(info.value, LoaderxError)
+    assert kind in str(info.value) and message in str(info.value)
+    assert loader.closed
+    loader.close()
+
+
+def test_stop_iteration_in_the_transform_is_a_runtime_error_as_in_threads(root):
+    for workers, mode in ((1, "thread"), (1, "process")):
+        with DataLoader(dense(root), batch_size=BATCH, num_workers=workers, worker_mode=mode,
+                        transform=helpers.stop_at_step_1) as loader:
+            next(loader)
+            with pytest.raises(RuntimeError, match="StopIteration at step 1"):
+                next(loader)
+            assert loader.closed
+
+
+def test_an_output_that_does_not_pickle_is_a_loaderx_error(root):
+    loader = process(dense(root), transform=helpers.unpicklable_output)
+    with pytest.raises(LoaderxError, match="lock"):
+        next(loader)
+    assert loader.closed
+    loader.close()
+
+
+CRASH = """
+import json, os, re, signal, sys
+import _process_helpers as h
+from loaderx import DataLoader, DenseDataset
+from loaderx.errors import LoaderxError
+root, method, how = sys.argv[1:4]
+streams = {"x": DenseDataset(os.path.join(root, "x")), "y": DenseDataset(os.path.join(root, "y"))}
+transform = h.exit_at_step_2 if how == "exit" else h.bare_array
+loader = DataLoader(streams, batch_size=6, num_workers=2, prefetch_size=2, seed=5,
+                    worker_mode="process", start_method=method, transform=transform)
+out = {"delivered": 0, "error": None}
+pids = []
+try:
+    next(loader)
+    out["delivered"] += 1
+    out["pids"] = pids = loader.worker_pids
+    if how == "kill":
+        os.kill(pids[0], signal.SIGKILL)
+    for _ in range(200):
+        next(loader)
+        out["delivered"] += 1
+except Exception as e:
+    out.update(error=type(e).__name__, message=str(e), loaderx=isinstance(e, LoaderxError))
+    pids = pids or [int(p) for p in re.findall(r"pid (\\d+)", str(e))]
+out["closed"] = loader.closed
+try:
+    next(loader)
+    out["after"] = "a batch"
+except Exception as e:
+    out["after"] = type(e).__name__
+for what, condition in (
+        ("workers gone", lambda: all(h.state_of(p) is None for p in pids)),
+        ("no zombies", lambda: not h.zombies_below(os.getpid()))):
+    try:
+        h.wait_until(condition, what)
+        out[what] = True
+    except AssertionError:
+        out[what] = [(p, h.state_of(p)) for p in pids + h.zombies_below(os.getpid())]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize(("method", "how"), [("fork", "kill"), ("forkserver", "kill"),
+                                             ("forkserver", "exit")])
+def test_a_dead_worker_is_a_worker_error_not_a_hang(root, method, how):
+    out = run_child(CRASH, str(root), method, how)
+    assert out["error"] == "WorkerError" and out["loaderx"], out
+    message = out["message"]
+    if how == "kill":
+        assert str(out["pids"][0]) in message, message
+        assert "SIGKILL" in message or "signal 9" in message, message
+    else:
+        assert "exited with code 7" in message and "step 2" in message, message
+        assert out["delivered"] <= 2  # step 2 was never built
+    assert out["closed"] and out["after"] == "LoaderClosedError", out
+    assert out["workers gone"] is True and out["no zombies"] is True, out
+
+
+DEATH_IN_ORDER = """
+import json, os, sys
+import _process_helpers as h
+from loaderx import DataLoader, DenseDataset
+streams = {"y": DenseDataset(os.path.join(sys.argv[1], "y"))}
+loader = DataLoader(streams, batch_size=6, num_workers=2, prefetch_size=2, seed=5,
+                    worker_mode="process", transform=h.exit_at_step_2)
+delivered, error = [], None
+try:
+    next(loader)
+    delivered.append(0)
+    pids = loader.worker_pids
+    h.wait_until(lambda: not all(h.alive(p) for p in pids), "the worker of step 2 dying")
+    for _ in range(5):
+        next(loader)
+        delivered.append(loader.step - 1)
+except Exception as e:
+    error = f"{type(e).__name__}: {e}"
+print(json.dumps({"delivered": delivered, "error": error}))
+"""
+
+
+def test_a_dead_worker_is_reported_at_its_step_after_the_steps_before_it(root):
+    """Worker 0 builds step 0 and dies building step 2: steps 0 and 1 were built (step 1 by
+    the other worker) and are delivered; the error comes at step 2, where a transform's
+    exception would -- not at whatever step the consumer happened to wait for when the death
+    was noticed."""
+    out = run_child(DEATH_IN_ORDER, str(root))
+    assert out["delivered"] == [0, 1], out
+    assert out["error"].startswith("WorkerError") and "step 2" in out["error"], out
+
+
+CONSUMER = """
+import json, os, sys, time
+import _process_helpers as h
+from loaderx import DataLoader, DenseDataset
+root, method = sys.argv[1:3]
+streams = {"x": DenseDataset(os.path.join(root, "x")), "y": DenseDataset(os.path.join(root, "y"))}
+loader = DataLoader(streams, batch_size=6, num_workers=2, prefetch_size=2,
+                    worker_mode="process", start_method=method)
+held = [next(loader) for _ in range(3)]
+pids = loader.worker_pids
+maps = {p: h.shm_mappings(p) for p in [os.getpid(), *pids]}
+print(json.dumps({"pid": os.getpid(), "workers": pids, "shm": maps}), flush=True)
+time.sleep(3600)
+"""
+
+
+def shm_entries() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:
+        return set()
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_workers_end_when_the_consumer_is_killed(root, method):
+    before = shm_entries()
+    child = subprocess.Popen([sys.executable, "-c", CONSUMER, str(root), method],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert child.stdout is not None
+        ready, _, _ = select.select([child.stdout], [], [], HANG)
+        assert ready, f"the consumer printed nothing in {HANG} s"
+        line = child.stdout.readline()
+        assert line, f"the consumer ended early: {child.stderr.read() if child.stderr else ''}"
+        info = json.loads(line)
+        below = helpers.descendants(child.pid)
+        assert set(info["workers"]) <= below
+        # Batch memory is anonymous: no process of the loader maps a named segment.
+        assert all(m == [] for m in info["shm"].values()), info["shm"]
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        for pipe in (child.stdout, child.stderr):
+            if pipe is not None:
+                pipe.close()
+    helpers.wait_until(lambda: not any(helpers.alive(p) for p in below),
+                       f"the dead consumer's processes {sorted(below)} ending")
+    assert shm_entries() - before == set()
+
+
+STUCK_CONSUMER = """
+import json, os, sys, time
+import _process_helpers as h
+from loaderx import DataLoader, DenseDataset
+root, method = sys.argv[1:3]
+loader = DataLoader({"y": DenseDataset(os.path.join(root, "y"))}, batch_size=6, num_workers=2,
+                    prefetch_size=1, worker_mode="process", start_method=method,
+                    transform=h.gate_at_step_2)
+next(loader), next(loader)
+print(json.dumps({"workers": loader.worker_pids}), flush=True)
+time.sleep(3600)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_workers_end_when_the_consumer_is_killed_during_a_transform(root, tmp_path, method):
+    """The consumer dies while a worker is inside a transform that does not return (a hung
+    read, a deadlock): the worker must not outlive it (it holds the batch's shared memory,
+    and a GPU context if the transform made one)."""
+    gate = tmp_path / "gate"  # never opened while the test watches
+    child = subprocess.Popen([sys.executable, "-c", STUCK_CONSUMER, str(root), method],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**ENV, helpers.GATE_VARIABLE: str(gate)})
+    below: set[int] = set()
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line, "the consumer ended early"
+        below = helpers.descendants(child.pid)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        helpers.wait_until(lambda: not any(helpers.alive(p) for p in below),
+                           f"the dead consumer's processes {sorted(below)} ending", timeout=20)
+    finally:
+        stop(child, below, gate)
+
+
+# -- lifecycle ----------------------------------------------------------------------------------
+
+
+def test_close_and_with_block_reap_the_workers(root):
+    loader = process(dense(root))
+    next(loader)
+    pids = loader.worker_pids
+    assert len(pids) == 2 and all(helpers.alive(p) for p in pids)
+    loader.close()
+    assert loader.closed
+    assert_reaped(pids)
+    loader.close()  # twice is harmless
+    with process(dense(root), num_workers=3) as loader:
+        next(loader)
+        pids = loader.worker_pids
+    assert len(pids) == 3
+    assert_reaped(pids)
+
+
+def test_dropped_loaders_and_passes_reap_their_workers(root):
+    """No close(): dropping the loader, or a pass (exhausted or not), ends its workers."""
+    me = os.getpid()
+
+    def children() -> set[int]:
+        return {p for p, parent in helpers.parents().items() if parent == me}
+
+    before = children()
+    loader = process(dense(root), start_method="fork")
+    next(loader)
+    pids = loader.worker_pids
+    assert set(pids) <= children()
+    started = loader.epoch()
+    next(started)
+    exhausted = loader.epoch()
+    assert [frozen(b) for b in exhausted] == [frozen(b) for b in DataLoader(
+        dense(root), batch_size=BATCH, num_workers=0).epoch()]
+    assert len(children() - before) >= len(pids) + 2
+    del loader, started, exhausted
+    gc.collect()
+    helpers.wait_until(lambda: children() <= before, "the dropped loaders' workers ending")
+    assert_reaped(pids)
+
+
+def test_a_pass_with_fewer_batches_than_workers(root):
+    """A batch larger than the data: the endless cyclic loader refuses, the pass gives one
+    short batch; three workers, one step."""
+    with DataLoader(mixed(root), batch_size=64, num_workers=0) as threads:
+        want = [frozen(b) for b in threads.epoch()]
+        want_padded = [frozen(b) for b in threads.epoch(pad=True)]
+    with DataLoader(mixed(root), batch_size=64, num_workers=3, worker_mode="process") as loader:
+        assert [frozen(b) for b in loader.epoch()] == want
+        assert [frozen(b) for b in loader.epoch(pad=True)] == want_padded
+        with pytest.raises(LoaderxValueError, match="cyclic"):
+            next(loader)
+
+
+HELD = """
+import gc, json, os, sys
+import numpy as np
+import _process_helpers as h
+from loaderx import DataLoader, DenseDataset, RaggedDataset
+root, how = sys.argv[1:3]
+streams = {"x": DenseDataset(os.path.join(root, "x")), "r": RaggedDataset(os.path.join(root, "r"))}
+transform = h.boom_at_step_3 if how == "error" else h.augment if how == "ctx" else None
+loader = DataLoader(streams, batch_size=6, num_workers=2, worker_mode="process", seed=4,
+                    **({"transform": transform} if transform else {}))
+held = [next(loader) for _ in range(3)]
+copies = [{"x": b["x"].copy(), "r": [a.copy() for a in b["r"]]} for b in held]
+if how == "error":
+    try:
+        next(loader)
+    except ValueError:
+        pass
+pids = loader.worker_pids
+loader.close()
+del loader
+gc.collect()
+h.wait_until(lambda: all(h.state_of(p) is None for p in pids), "workers reaped")
+same = all(np.array_equal(b["x"], c["x"]) and all(np.array_equal(a, d) for a, d in
+           zip(b["r"], c["r"])) for b, c in zip(held, copies))
+print(json.dumps({"same": same}))
+"""
+
+
+@pytest.mark.parametrize("how", ["close", "error"])
+def test_held_batches_outlive_the_loader_and_its_workers(root, how):
+    """A batch the consumer keeps stays readable and unchanged after close() (or the error
+    that closed the loader) and after its workers ended (a subprocess: an unmapped segment
+    would be a segfault)."""
+    assert run_child(HELD, str(root), how) == {"same": True}
+
+
+def test_close_from_another_thread_ends_a_waiting_next_and_kills_a_stuck_worker(root):
+    """The consumer waits for step 2, whose transform never returns: close() from another
+    thread makes that next() raise LoaderClosedError, and the stuck worker is killed."""
+    loader = process(dense(root), transform=helpers.hang_at_step_2)
+    outcome: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            for _ in range(5):
+                next(loader)
+        except BaseException as e:
+            outcome.append(e)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    helpers.wait_until(lambda: loader.step == 2, "steps 0 and 1 arriving")
+    pids = loader.worker_pids
+    loader.close()
+    consumer.join(helpers.DEADLINE)
+    assert not consumer.is_alive(), "next() still waits after close()"
+    assert len(outcome) == 1 and isinstance(outcome[0], LoaderClosedError), outcome
+    assert_reaped(pids)
+
+
+INTERRUPTS = """
+import json, os, random, signal, sys
+from loaderx import DataLoader, DenseDataset
+
+def interrupt(signum, frame):
+    # Ctrl-C as it lands inside the loader: raised only while loaderx code runs, so this
+    # script's own bookkeeping is never interrupted.
+    while frame is not None:
+        if os.sep + "loaderx" + os.sep in frame.f_code.co_filename:
+            raise KeyboardInterrupt
+        frame = frame.f_back
+
+root, mode = sys.argv[1:3]
+streams = {"y": DenseDataset(os.path.join(root, "y"))}
+with DataLoader(streams, batch_size=6, num_workers=0, seed=3) as reference:
+    want = [next(reference)["y"].tolist() for _ in range(300)]
+rng = random.Random(0)
+got, interrupts = [], 0
+signal.signal(signal.SIGALRM, interrupt)
+with DataLoader(streams, batch_size=6, num_workers=2, seed=3, worker_mode=mode) as loader:
+    while len(got) < 300:
+        signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-6, 1.5e-3))
+        try:
+            y = next(loader)["y"].tolist()
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        except KeyboardInterrupt:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            interrupts += 1
+            y = next(loader)["y"].tolist()  # no interrupt this time: it must deliver
+        got.append(y)
+    step = loader.step
+print(json.dumps({"same": got == want, "step": step, "interrupts": interrupts}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_an_interrupted_next_loses_no_step_and_does_not_hang(root, mode):
+    """KeyboardInterrupt raised at random points inside next() (as Ctrl-C in a notebook,
+    after which the user goes on): the following next() delivers the step that was due --
+    none lost, none skipped, no hang."""
+    out = run_child(INTERRUPTS, str(root), mode, timeout=40)
+    assert out["same"] and out["step"] == 300, out
+
+
+MANY_HELD = """
+import json, os, resource, sys
+from loaderx import DataLoader, DenseDataset
+root, mode = sys.argv[1:3]
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+streams = {"y": DenseDataset(os.path.join(root, "y"))}
+with DataLoader(streams, batch_size=6, num_workers=0, seed=3) as reference:
+    want = [next(reference)["y"].tolist() for _ in range(400)]
+with DataLoader(streams, batch_size=6, num_workers=2, seed=3, worker_mode=mode) as loader:
+    held = [next(loader) for _ in range(400)]
+    print(json.dumps({"same": [b["y"].tolist() for b in held] == want}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_holding_more_batches_than_file_descriptors(root, mode):
+    """A consumer that keeps every batch (``list(loader.epoch())`` of a validation set) under
+    a low open-file limit (256 here; 1024 is the usual default): batches cost memory, not a
+    file descriptor each."""
+    assert run_child(MANY_HELD, str(root), mode) == {"same": True}
+
+
+def test_interpreter_exit_with_a_live_loader_is_prompt(root):
+    out = run_child("""
+        import json, os, sys
+        from loaderx import DataLoader, DenseDataset
+        streams = {"x": DenseDataset(os.path.join(sys.argv[1], "x"))}
+        loader = DataLoader(streams, batch_size=6, num_workers=2, worker_mode="process")
+        kept = next(loader)
+        print(json.dumps({"pids": loader.worker_pids}))
+    """, str(root))
+    helpers.wait_until(lambda: not any(helpers.alive(p) for p in out["pids"]),
+                       "the workers of an exited interpreter ending")
+
+
+def test_use_in_a_forked_child_is_loader_closed_error(root):
+    want = reference(dense(root), 3, seed=9)
+    loader = process(dense(root), seed=9)
+    assert frozen(next(loader)) == want[0]
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 3
+        try:
+            next(loader)
+            code = 4
+        except LoaderClosedError:
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert take(loader, 2) == want[1:3]  # the parent's loader still works
+    loader.close()
+
+
+FORKED_CLOSE = """
+import json, os, sys
+import _process_helpers as h
+from loaderx import DataLoader, DenseDataset
+root, how = sys.argv[1:3]
+loader = DataLoader({"y": DenseDataset(os.path.join(root, "y"))}, batch_size=6, num_workers=1,
+                    prefetch_size=1, worker_mode="process", transform=h.gate_at_step_2)
+next(loader), next(loader)
+if how == "child closes":
+    pid = os.fork()
+    if pid == 0:  # a forked child (a checkpoint writer, say) that closes its copy and exits
+        loader.close()
+        os._exit(0)
+    os.waitpid(pid, 0)
+print("waiting", flush=True)
+batch = next(loader)  # step 2: waits until the test opens the gate
+print(json.dumps({"step": loader.step, "y": batch["y"].tolist()}), flush=True)
+loader.close()
+"""
+
+
+@pytest.mark.parametrize("how", ["no child", "child closes"])
+def test_a_forked_childs_close_leaves_the_parents_loader_alone(root, tmp_path, how):
+    """close() in a forked child must not touch the parent's loader: the parent's next()
+    still waits asleep (blocked in a system call, not spinning on a wake-up meant for the
+    child) and then delivers its step."""
+    gate = tmp_path / "gate"
+    child = subprocess.Popen([sys.executable, "-c", FORKED_CLOSE, str(root), how],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**ENV, helpers.GATE_VARIABLE: str(gate)})
+    below: set[int] = set()
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "waiting"
+        below = helpers.descendants(child.pid)
+        # A waiting consumer sleeps in poll(); one that spins is (almost) never seen there.
+        samples = [helpers.blocked(child.pid) for _ in range(300)]
+        gate.touch()
+        out, err = child.communicate(timeout=HANG)
+    finally:
+        stop(child, below, gate)
+    assert child.returncode == 0, err
+    assert json.loads(out)["step"] == 3
+    assert samples.count(True) >= 200, f"the consumer ran in {samples.count(False)} of 300 " \
+        "samples while it had nothing to do but wait"
+
+
+def stop(child: subprocess.Popen, below: set[int], gate: pathlib.Path) -> None:
+    """Ends a scenario's child however the test went: opens the gate (a worker waiting at
+    it finishes), kills the child and what it started if they still run, closes the pipes."""
+    gate.touch()
+    if child.poll() is None:
+        child.kill()
+    child.wait()
+    for pid in below:
+        if helpers.alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    for pipe in (child.stdout, child.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+# -- start methods ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_each_start_method_gives_the_same_batches(root, method):
+    want = reference(mixed(root), 5, transform=helpers.augment, seed=11)
+    with process(mixed(root), transform=helpers.augment, seed=11,
+                 start_method=method) as loader:
+        assert take(loader, 5) == want
+        assert loader.start_method == method
+
+
+def test_auto_start_method_for_a_lambda(root):
+    """A lambda does not pickle: auto forks in a single-threaded process, and refuses in a
+    process with threads (where fork is not safe), naming the fix."""
+    out = run_child("""
+        import json, os, sys, threading
+        from loaderx import DataLoader, DenseDataset
+        from loaderx.errors import LoaderxTypeError
+        streams = {"y": DenseDataset(os.path.join(sys.argv[1], "y"))}
+        out = {}
+        with DataLoader(streams, batch_size=6, num_workers=2, worker_mode="process", seed=1,
+                        transform=lambda b: {"y": b["y"] + 1}) as loader:
+            got = [next(loader)["y"].tolist() for _ in range(3)]
+            out["method"] = loader.start_method
+        with DataLoader(streams, batch_size=6, num_workers=0, seed=1) as threads:
+            out["same"] = got == [(next(threads)["y"] + 1).tolist() for _ in range(3)]
+        stop = threading.Event()
+        other = threading.Thread(target=stop.wait)
+        other.start()
+        try:
+            with DataLoader(streams, batch_size=6, num_workers=2, worker_mode="process",
+                            transform=lambda b: b) as loader:
+                next(loader)
+            out["threaded"] = "no error"
+        except LoaderxTypeError as e:
+            out["threaded"] = str(e)
+        finally:
+            stop.set()
+            other.join()
+        print(json.dumps(out))
+    """, str(root))
+    assert out["method"] == "fork" and out["same"], out
+    assert out["threaded"] != "no error" and "start_method" in out["threaded"], out
