@@ -324,7 +324,8 @@ class ProcessPipeline:
     def _died(self, w: _Worker) -> None:
         """Worker ``w`` is gone while the loader runs: its error is filed at the step it held
         (or, at its start or while idle, raised to the consumer's next wait)."""
-        w.process.join(0)
+        # Its sentinel closes as it exits, a moment before its status can be read.
+        w.process.join(_JOIN_SECONDS)
         code = w.process.exitcode
         if code is not None and code < 0:
             try:
