@@ -41,7 +41,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sized
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -57,7 +57,7 @@ from loaderx.errors import (
 from loaderx.zrecord import MAX_RECORD_BYTES, MAX_RECORDS, Codec, Zrecord
 from loaderx.zrecord import _codec as _store_codec
 
-__all__ = ["from_numpy", "from_iterator", "DEFAULT_CHUNK_BYTES"]
+__all__ = ["from_numpy", "from_iterator", "DEFAULT_CHUNK_BYTES", "AUTO_RAW_BELOW"]
 
 #: Default size of one append while converting.
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -67,10 +67,17 @@ _MAX_AUTO_DICT = 112_640
 _DICT_SAMPLE_BYTES = 16 << 20
 
 
+#: ``codec="auto"`` stores records smaller than this raw: per record, zstd costs 4-15 us to
+#: decode (zstd's own speed on blocks this small: ``python scripts/bench_fixed.py``), 25-50
+#: times a raw copy, so below it only a device slower than ~180 MB/s gains from the smaller
+#: reads; from this size on it stores them with zstd.
+AUTO_RAW_BELOW = 4096
+
+
 def from_numpy(
     path: str | os.PathLike[str],
     array: Any,
-    codec: Codec = "zstd",
+    codec: Codec | Literal["auto"] = "zstd",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     dict_size: int | None = None,
     schema: Mapping[str, Any] | None = None,
@@ -86,7 +93,9 @@ def from_numpy(
     ``array`` is any array-like with at least one dimension; a 1-D array becomes a dataset of
     scalars. ``codec`` is ``"raw"``, ``"zstd"`` (level 3) or ``"zstd_dict"`` (level 19 against
     a dictionary trained on a sample of ``array`` before the first record is written; its size
-    adapts to the data, capped by ``dict_size``). ``schema`` adds extra keys to
+    adapts to the data, capped by ``dict_size``), or ``"auto"``: raw for records under
+    :data:`AUTO_RAW_BELOW` bytes (4 KiB), whose zstd decoding costs far more per record than
+    the bytes it saves, zstd from that size on. ``schema`` adds extra keys to
     ``schema.msgpack``; reserved keys (``kind``, ``dtype``, ``item_shape``, ...) must agree with
     the data. If ``path`` already holds a dense dataset of the same dtype and item shape, the
     records are appended to it (the codec may differ; the schema keeps its extra keys, and
@@ -106,6 +115,9 @@ def from_numpy(
     dtype = _schema.check_dtype(arr.dtype, "from_numpy")
     if arr.ndim == 1 and dtype.kind in "iu":
         _check_token_array(path, arr)
+    if codec == "auto":
+        record = dtype.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
+        codec = "raw" if record < AUTO_RAW_BELOW else "zstd"
     wanted = _schema.Schema("dense", dtype, tuple(int(d) for d in arr.shape[1:]),
                             _codec(codec), _extra(schema, "dense", dtype, arr.shape[1:]))
     wanted.to_bytes()  # an unencodable or oversized schema= fails before any store is touched
