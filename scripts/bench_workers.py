@@ -6,7 +6,8 @@ Every table runs its rows interleaved (each repeat runs every row once, so a cha
 hits all of them), on the same data in the same run, and shows medians; a ratio is also given
 per repeat (two rows that ran back to back), its median and range. ``cores busy`` is the CPU
 time of the consumer (all its threads) and of its worker processes per second of the timed run
-(``/proc/<pid>/stat``). Tables:
+(``/proc/<pid>/stat``), in brackets the consumer's share; ``CPU ms/batch`` is the same CPU time
+per batch, what a batch costs whatever the load from elsewhere. Tables:
 
 * per-sample Python transform -- the loader benchmark's data (20000 records of 12 KiB, zstd
   store, plus int64 labels, batch 256) with ``bench_loader.augment`` (a Python loop over the
@@ -93,9 +94,9 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds of this process (all its threads) and of ``pids``."""
+    """User + system CPU seconds of the processes ``pids`` (all their threads)."""
     total = 0
-    for pid in [os.getpid(), *pids]:
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
@@ -105,26 +106,30 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / TICK
 
 
-def timed(it, batches: int, warm: int, pids: Callable[[], list[int]] = list
-          ) -> tuple[float, float]:
-    """(batches/s, cores busy) of ``batches`` batches after ``warm`` (which starts workers);
-    cores busy counts the consumer and the worker processes ``pids()`` names."""
+Measured = tuple[float, float, float]  # batches/s, cores busy in all, of which the consumer
+
+
+def timed(it, batches: int, warm: int, pids: Callable[[], list[int]] = list) -> Measured:
+    """(batches/s, cores busy, cores busy in the consumer) of ``batches`` batches after
+    ``warm`` (which starts workers); cores busy counts the consumer and the worker processes
+    ``pids()`` names."""
     for _ in range(warm):
         next(it)
-    procs = pids()
-    cpu, t = cpu_seconds(procs), time.perf_counter()
+    workers, me = pids(), [os.getpid()]
+    mine, theirs, t = cpu_seconds(me), cpu_seconds(workers), time.perf_counter()
     for _ in range(batches):
         next(it)
     elapsed = time.perf_counter() - t
-    return batches / elapsed, (cpu_seconds(procs) - cpu) / elapsed
+    mine, theirs = cpu_seconds(me) - mine, cpu_seconds(workers) - theirs
+    return batches / elapsed, (mine + theirs) / elapsed, mine / elapsed
 
 
 # -- loaderx -------------------------------------------------------------------------------------
 
 
 def loaderx_rate(streams_fn: Callable[[], dict[str, Any]], batches: int, warm: int,
-                 info: dict[str, Any] | None = None, **kw: Any) -> tuple[float, float]:
-    """(batches/s, cores busy) of one ``DataLoader`` run; ``info`` receives what it chose."""
+                 info: dict[str, Any] | None = None, **kw: Any) -> Measured:
+    """:func:`timed` of one ``DataLoader`` run; ``info`` receives what the loader chose."""
     from loaderx.dataloader import DataLoader
 
     streams = streams_fn()
@@ -156,7 +161,7 @@ def torch_worker_pids(loader) -> list[int]:
 # -- torch ---------------------------------------------------------------------------------------
 
 
-def torch_augment_rate(root: pathlib.Path, batches: int, warm: int) -> tuple[float, float]:
+def torch_augment_rate(root: pathlib.Path, batches: int, warm: int) -> Measured:
     """torch's DataLoader, 2 worker processes, whole batches through ``__getitems__``, the same
     ``augment`` transform (``bench_loader.torch_run`` with ``PROCS`` workers)."""
     import torch
@@ -223,7 +228,7 @@ class TvItems:
         return tv_pipeline()(img), int(self.label[i])
 
 
-def torch_tv_rate(root: pathlib.Path, batches: int, warm: int) -> tuple[float, float]:
+def torch_tv_rate(root: pathlib.Path, batches: int, warm: int) -> Measured:
     import torch
     from torch.utils.data import DataLoader
 
@@ -252,18 +257,20 @@ def make_tv_data(root: pathlib.Path) -> None:
 # -- measuring -----------------------------------------------------------------------------------
 
 
-def interleaved(runs: dict[str, Callable[[], tuple[float, float]]], repeats: int
-                ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Each repeat runs every row once; returns each row's batches/s and cores busy per
-    repeat."""
-    rates: dict[str, list[float]] = {name: [] for name in runs}
-    cores: dict[str, list[float]] = {name: [] for name in runs}
+Rows = dict[str, list[Measured]]
+
+
+def interleaved(runs: dict[str, Callable[[], Measured]], repeats: int) -> Rows:
+    """Each repeat runs every row once; returns each row's measurements per repeat."""
+    measured: Rows = {name: [] for name in runs}
     for _ in range(repeats):
         for name, fn in runs.items():
-            rate, busy = fn()
-            rates[name].append(rate)
-            cores[name].append(busy)
-    return rates, cores
+            measured[name].append(fn())
+    return measured
+
+
+def rates_of(measured: Rows) -> dict[str, list[float]]:
+    return {name: [m[0] for m in ms] for name, ms in measured.items()}
 
 
 def ratio_text(rates: dict[str, list[float]], num: str, den: str) -> str:
@@ -279,16 +286,19 @@ def ratio(rates: dict[str, list[float]], num: str, den: str) -> float:
     return statistics.median(rates[num]) / statistics.median(rates[den])
 
 
-def table(measured: tuple[dict[str, list[float]], dict[str, list[float]]], batch: int,
-          ref: str | None) -> None:
-    rates, cores = measured
-    print(f"| loader | batches/s | ms/batch | samples/s | cores busy | vs {ref or '-'} |")
-    print("|---|---|---|---|---|---|")
-    for name, r in rates.items():
-        bps = statistics.median(r)
+def table(measured: Rows, batch: int, ref: str | None) -> None:
+    rates = rates_of(measured)
+    print(f"| loader | batches/s | ms/batch | samples/s | cores busy (consumer) | CPU ms/batch "
+          f"| vs {ref or '-'} |")
+    print("|---|---|---|---|---|---|---|")
+    for name, ms in measured.items():
+        bps = statistics.median(rates[name])
+        busy = statistics.median(m[1] for m in ms)
+        consumer = statistics.median(m[2] for m in ms)
+        cpu_ms = statistics.median(1e3 * m[1] / m[0] for m in ms)
         vs = f"{ratio(rates, name, ref):.2f}x" if ref in rates else "-"
         print(f"| {name} | {bps:,.1f} | {1e3 / bps:.2f} | {bps * batch:,.0f} "
-              f"| {statistics.median(cores[name]):.2f} | {vs} |")
+              f"| {busy:.2f} ({consumer:.2f}) | {cpu_ms:.2f} | {vs} |")
 
 
 def target(label: str, value: float, goal: float) -> str:
@@ -328,7 +338,7 @@ def augment_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
     if torch_missing is None:
         runs[f"torch, {PROCS} worker processes"] = lambda: torch_augment_rate(root, b, w)
     measured = interleaved(runs, repeats)
-    rates = measured[0]
+    rates = rates_of(measured)
     print(f"\n## Worker threads and processes, per-sample Python transform (augment) -- {N} "
           f"records of {SIZE // 1024} KiB (zstd) + int64 labels, batch {BATCH}, medians of "
           f"{repeats} x {b} batches\n")
@@ -343,7 +353,7 @@ def augment_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
     # Threads are not confined to one core: the gathers release the GIL and run on the native
     # pool, so one thread already keeps more than a core busy, and no worker count can do
     # better than the usable cores over that.
-    one = statistics.median(measured[1]["threads, 1 worker"])
+    one = statistics.median(m[1] for m in measured["threads, 1 worker"])
     cores = len(os.sched_getaffinity(0))
     print(f"threads-1 keeps {one:.2f} cores busy: on {cores} cores no loader can run more than "
           f"{cores / one:.2f}x its rate with this transform")
@@ -370,7 +380,7 @@ def identity_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
             streams, b, w, batch_size=BATCH, num_workers=PROCS, worker_mode="process"),
     }
     measured = interleaved(runs, repeats)
-    rates = measured[0]
+    rates = rates_of(measured)
     print(f"\n## Identity transform -- the same data, batch {BATCH}, medians of {repeats} x {b} "
           f"batches\n")
     table(measured, BATCH, "threads, default workers")
@@ -407,7 +417,7 @@ def torchvision_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
 
     torch.set_num_threads(1)  # the thread rows run the pipeline in this process
     measured = interleaved(runs, repeats)
-    rates = measured[0]
+    rates = rates_of(measured)
     print(f"\n## torchvision.transforms.v2 per sample -- {TV_N} images {TV_SIDE}x{TV_SIDE}x3 "
           f"uint8, RandomResizedCrop({TV_CROP}) + RandomHorizontalFlip + ToDtype(float32), "
           f"batch {TV_BATCH}, torch {torch.__version__}, torchvision {torchvision.__version__}, "
