@@ -553,6 +553,11 @@ What the ratios mean (on any machine):
   so the ratio is the cost of the hand-over: loaderx builds each batch straight into shared
   memory the consumer maps (no pickle, no copy), torch pickles the batch and puts each tensor in
   a shared-memory segment of its own.
+* the ceiling line (augment): a thread loader is not confined to one core (its gathers release
+  the GIL), so on C cores no loader can beat it by more than C / (cores busy of threads-1); a
+  target above that ceiling cannot be met on that machine with that transform.
+* CPU ms/batch: the CPU a batch costs, consumer and workers together; it moves little with load
+  from elsewhere, so processes minus threads there is the hand-over's price in CPU.
 * identity, processes / threads: with nothing to parallelise the threads are already fast (the
   gather releases the GIL); the ratio is what the process machinery costs, at most 1 plus noise.
 * memory growth per worker: pages a worker gains over the run. Under fork, growth means the
