@@ -137,6 +137,7 @@ import numpy as np
 
 from loaderx._batch import Builder, ContextMaker, EndlessRows, Failure, Job, PassRows
 from loaderx._recycle import BufferPool, GrowingPool
+from loaderx._window import Window
 from loaderx.errors import LoaderClosedError, LoaderxTypeError, LoaderxValueError
 from loaderx.sampler import (
     _MAX_BATCH,
@@ -720,7 +721,7 @@ class _PooledMemory:
             pool.close()
 
 
-class _Pipeline:
+class _Pipeline(Window):
     """The prefetch machinery of the thread workers. Kept apart from :class:`DataLoader` so
     that worker threads hold no reference to the loader: dropping the loader finalizes it and
     stops the threads.
@@ -728,32 +729,23 @@ class _Pipeline:
     ``builder`` builds a step's batch; ``steps`` is how many there are (None: endless).
     ``rows`` is the most rows a batch has (a pass's last one may have fewer)."""
 
+    forked_message = ("this DataLoader was created in another process; its threads do not "
+                      "survive fork -- create it in the child")
+
     def __init__(self, builder: Builder, start_step: int, workers: int, prefetch: int,
                  rows: int, readahead: int = 0, steps: int | None = None) -> None:
+        super().__init__(start_step, steps)
         self.builder = builder
-        self.steps = steps
         self.workers = workers
         # Up to `prefetch` finished batches wait while `workers` more are being built.
         self.window = prefetch + workers
         self.memory = _PooledMemory(builder, rows, self.window + 2)
         self.pools = self.memory.pools
-        self.cond = threading.Condition()
         # num_workers=0: consumers on several threads build their steps one at a time, without
         # holding `cond`, so close() never waits behind a transform.
         self.turn = threading.Lock()
-        self.ready: dict[int, Any] = {}
-        self.next_step = start_step     # the consumer's position
-        self.claim = self.next_step     # the next step a worker will build
-        self.generation = 0             # bumped by seek, so stale work is dropped
         self.readahead = readahead
-        self.prefetched_to = self.claim  # steps below this were asked for already
         self.threads: list[threading.Thread] = []
-        self.closed = False
-        self.pid = os.getpid()
-
-    @property
-    def step(self) -> int:
-        return self.next_step
 
     @property
     def worker_pids(self) -> list[int]:
@@ -762,79 +754,12 @@ class _Pipeline:
     # -- consumer side -------------------------------------------------------------------------
 
     def next(self) -> Any:
-        if self.pid != os.getpid():
-            raise LoaderClosedError("this DataLoader was created in another process; its "
-                                    "threads do not survive fork -- create it in the child")
-        if self.workers == 0:
+        if self.workers == 0 and self.pid == os.getpid():
             return self._next_in_process()
-        taken = False
-        try:
-            with self.cond:
-                if self.closed:
-                    raise LoaderClosedError("the DataLoader is closed")
-                if self.steps is not None and self.next_step >= self.steps:
-                    raise StopIteration
-                if not self.threads:
-                    self._start()
-                # Several threads may consume one loader: each takes whichever step is next
-                # when it is ready, so the position is read again after every wait.
-                while self.next_step not in self.ready:
-                    if self.closed:
-                        raise LoaderClosedError("the DataLoader was closed while waiting")
-                    self.cond.wait()
-                step, generation = self.next_step, self.generation
-                item = self.ready[step]
-                failed = isinstance(item, Failure)
-                # No call from here to `taken = True`: a signal handler runs only after a call
-                # or at a backward jump, so an interrupt cannot land between consuming the step
-                # and recording that it was (dict.pop would open such a gap). From here to the
-                # return, every call is inside this try.
-                del self.ready[step]
-                self.next_step = step + 1
-                taken = True
-                self.cond.notify_all()
-        except BaseException:
-            # An interrupt (KeyboardInterrupt from a signal handler inside notify_all or the
-            # condition's __enter__/__exit__, which are Python code) must neither lose a
-            # consumed step nor leave the lock held.
-            self._recover((step, generation, item) if taken else None)
-            raise
-        if failed:
-            self.stop()
-            raise item.error
-        return item
+        return self.take()
 
-    def _recover(self, consumed: tuple[int, int, Any] | None) -> None:
-        """Cleans up after an exception in :meth:`next`: releases the lock if an interrupt
-        left it held, and puts back a step that was consumed but not delivered, so the next
-        call returns it and ``state_dict()`` still points at it."""
-        cond = self.cond
-        # Held here only if the interrupt came inside __enter__ after it acquired the lock, or
-        # inside __exit__ before it released it: then nothing else will release it.
-        held = cond._is_owned()  # type: ignore[attr-defined]  # private, but in every 3.x
-        if consumed is None:
-            if held:
-                cond.release()
-            return
-        if not held:
-            cond.acquire()
-        try:
-            step, generation, item = consumed
-            # Only if nothing moved since: no seek, no close, no other consumer took a step.
-            if (not self.closed and self.generation == generation
-                    and self.next_step == step + 1 and step not in self.ready):
-                self.ready[step] = item
-                self.next_step = step
-                cond.notify_all()  # another consumer may be waiting for this step
-        finally:
-            cond.release()
-
-    def seek(self, step: int) -> None:
-        with self.cond:
-            self.generation += 1
-            self.ready.clear()
-            self.next_step = self.claim = self.prefetched_to = step
-            self.cond.notify_all()
+    def _started(self) -> bool:
+        return bool(self.threads)
 
     def _start(self) -> None:
         for i in range(self.workers):
@@ -871,7 +796,7 @@ class _Pipeline:
                     return
                 step, generation = self.claim, self.generation
                 self.claim += 1
-                ahead = self._steps_ahead(step)
+                ahead = self.steps_ahead(step, self.readahead)
             if ahead and self.builder.going_to_disk():
                 self.builder.read_ahead(ahead, self.steps)
             try:
@@ -900,7 +825,7 @@ class _Pipeline:
                     step, generation = self.next_step, self.generation
                     if self.steps is not None and step >= self.steps:
                         raise StopIteration
-                    ahead = self._steps_ahead(step)
+                    ahead = self.steps_ahead(step, self.readahead)
                 if ahead and self.builder.going_to_disk():
                     self.builder.read_ahead(ahead, self.steps)
                 item = self.builder.produce(step, self.memory)
@@ -911,10 +836,3 @@ class _Pipeline:
                     if generation == self.generation:  # else a seek came: build its step
                         self.next_step = step + 1
                         return item
-
-    def _steps_ahead(self, step: int) -> range:
-        """The steps after ``step`` that nobody has asked the kernel for yet, now marked as
-        asked for. Called under the condition."""
-        ahead = range(max(self.prefetched_to, step + 1), step + 1 + self.readahead)
-        self.prefetched_to = max(self.prefetched_to, ahead.stop)
-        return ahead

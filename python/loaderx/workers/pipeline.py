@@ -35,7 +35,8 @@ import warnings
 from typing import Any
 
 from loaderx._batch import Failure
-from loaderx.errors import LoaderClosedError, RemoteTraceback, WorkerError
+from loaderx._window import Window
+from loaderx.errors import RemoteTraceback, WorkerError
 from loaderx.workers import channel, start, worker
 from loaderx.workers.layout import Loan, Maps, decode
 from loaderx.workers.mapping import Mapping
@@ -73,14 +74,17 @@ class _Worker:
         return out
 
 
-class ProcessPipeline:
+class ProcessPipeline(Window):
     """The pipeline of ``worker_mode="process"``; the interface of the thread pipeline
     (``next``, ``seek``, ``stop``, ``step``, ``closed``) plus ``worker_pids``."""
+
+    forked_message = ("this DataLoader was created in another process; its worker processes "
+                      "belong to that one -- create it here")
 
     def __init__(self, streams: dict[str, Any], rows_of: Any, job: Any, mask_key: str | None,
                  start_step: int, workers: int, prefetch: int, readahead: int,
                  steps: int | None, start_method: str | None) -> None:
-        self.steps = steps
+        super().__init__(start_step, steps)
         self.count = workers
         self.window = prefetch + workers
         self.share = -(-self.window // workers) + 1
@@ -90,84 +94,37 @@ class ProcessPipeline:
         self.requested = start_method
         self.start_method: str | None = None
         self.readahead = readahead
-        self.cond = threading.Condition()
         self.io: threading.Thread | None = None
         self.fatal: BaseException | None = None  # raised to the consumer: nothing can be built
-        self.ready: dict[int, Any] = {}
-        self.next_step = start_step
-        self.claim = start_step
-        self.prefetched_to = start_step
-        self.generation = 0
         self.workers: list[_Worker] = []
-        self.closed = False
-        self.pid = os.getpid()
         self.wake_read, self.wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # Every worker's socket and process sentinel, and the wake-up pipe.
         self.poller = select.poll()
         self.poller.register(self.wake_read, select.POLLIN)
 
     @property
-    def step(self) -> int:
-        return self.next_step
-
-    @property
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self.workers]
 
-    # -- consumer side -------------------------------------------------------------------------
+    # -- consumer side (the rest is the Window's) ----------------------------------------------
 
     def next(self) -> Any:
-        if self.pid != os.getpid():
-            raise LoaderClosedError("this DataLoader was created in another process; its "
-                                    "worker processes belong to that one -- create it here")
-        taken = False
         try:
-            with self.cond:
-                if self.closed:
-                    raise LoaderClosedError("the DataLoader is closed")
-                if self.steps is not None and self.next_step >= self.steps:
-                    raise StopIteration
-                if self.io is None:
-                    self._start()
-                while self.next_step not in self.ready:
-                    if self.fatal is not None:
-                        raise self.fatal
-                    if self.closed:
-                        raise LoaderClosedError("the DataLoader was closed while waiting")
-                    self.cond.wait()
-                self._wake()  # the I/O thread hands out the step past the window
-                step, generation = self.next_step, self.generation
-                item = self.ready[step]
-                failed = item.__class__ is Failure
-                # No call from here to `taken = True` (see the thread pipeline's next()).
-                del self.ready[step]
-                self.next_step = step + 1
-                taken = True
+            return self.take()
         except BaseException as e:
-            if taken:  # an interrupt as the lock was released: the step is given back
-                self._give_back(step, generation, item)
-            elif e is self.fatal:
+            if e is self.fatal:
                 self.stop()
             raise
-        if failed:
-            self.stop()
-            raise item.error
-        return item
 
-    def _give_back(self, step: int, generation: int, item: Any) -> None:
-        with self.cond:
-            if (not self.closed and self.generation == generation
-                    and self.next_step == step + 1 and step not in self.ready):
-                self.ready[step] = item
-                self.next_step = step
-                self.cond.notify_all()
+    def _started(self) -> bool:
+        return self.io is not None
 
-    def seek(self, step: int) -> None:
-        with self.cond:
-            self.generation += 1
-            self.ready.clear()
-            self.next_step = self.claim = self.prefetched_to = step
-            self._wake()
+    def _check(self) -> None:
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _moved(self) -> None:
+        self._wake()  # the I/O thread hands out the steps the move brought into the window
 
     def _wake(self) -> None:
         try:
@@ -244,7 +201,7 @@ class ProcessPipeline:
             if len(w.pending) >= self.share:
                 return  # each worker has its share (stale steps of a seek count too)
             step = self.claim
-            ahead = range(max(self.prefetched_to, step + 1), step + 1 + self.readahead)
+            ahead = self.steps_ahead(step, self.readahead)
             message = ("task", self.generation, step, ahead.start, ahead.stop,
                        w.take_returned())
             try:
@@ -253,7 +210,6 @@ class ProcessPipeline:
                 w.process.join(_JOIN_SECONDS)  # its end closed: it is exiting
                 self._died(w)
                 continue
-            self.prefetched_to = max(self.prefetched_to, ahead.stop)
             w.pending.append((self.generation, step))
             self.claim += 1
 

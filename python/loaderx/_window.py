@@ -1,0 +1,143 @@
+"""The consumer's side of a window of steps, shared by the thread and the process pipelines.
+
+Workers -- threads, or the I/O thread of the worker processes -- file finished batches under
+their step in ``ready``; the consumer waits on ``cond`` for the step it is at, takes it, and
+moves on. Taking a step must survive an interrupt: Python runs a signal handler (Ctrl-C) after
+any call or at a backward jump, so a KeyboardInterrupt can land while the lock is taken or
+released. :meth:`Window.take` then gives the step back (and the lock, if the interrupt left it
+held), so the next call returns the step and ``state_dict()`` still points at it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from loaderx._batch import Failure
+from loaderx.errors import LoaderClosedError
+
+__all__ = ["Window"]
+
+
+class Window:
+    """Steps from ``start_step`` on (``steps`` of them; None: endless). Subclasses start their
+    workers in :meth:`_start`, say whether they did in :meth:`_started`, may raise a failure
+    that ends the loader in :meth:`_check` while the consumer waits, hear of every move of the
+    position in :meth:`_moved` (called under the lock), and stop everything in ``stop()``."""
+
+    #: What ``next()`` says in a process the pipeline was not made in.
+    forked_message = "this DataLoader was created in another process; create it here"
+
+    def __init__(self, start_step: int, steps: int | None) -> None:
+        self.steps = steps
+        self.cond = threading.Condition()
+        self.ready: dict[int, Any] = {}
+        self.next_step = start_step     # the consumer's position
+        self.claim = start_step         # the next step a worker will build
+        self.prefetched_to = start_step  # steps below this had their reads started
+        self.generation = 0             # bumped by seek, so stale work is dropped
+        self.closed = False
+        self.pid = os.getpid()
+
+    @property
+    def step(self) -> int:
+        return self.next_step
+
+    def _started(self) -> bool:
+        raise NotImplementedError
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _check(self) -> None:
+        return
+
+    def _moved(self) -> None:
+        return
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def take(self) -> Any:
+        """The batch of the consumer's step, once it is ready; a worker's failure is raised
+        here, at its step, and closes the pipeline."""
+        if self.pid != os.getpid():
+            raise LoaderClosedError(self.forked_message)
+        taken = False
+        try:
+            with self.cond:
+                if self.closed:
+                    raise LoaderClosedError("the DataLoader is closed")
+                if self.steps is not None and self.next_step >= self.steps:
+                    raise StopIteration
+                if not self._started():
+                    self._start()
+                # Several threads may consume one loader: each takes whichever step is next
+                # when it is ready, so the position is read again after every wait.
+                while self.next_step not in self.ready:
+                    self._check()
+                    if self.closed:
+                        raise LoaderClosedError("the DataLoader was closed while waiting")
+                    self.cond.wait()
+                step, generation = self.next_step, self.generation
+                item = self.ready[step]
+                failed = isinstance(item, Failure)
+                # No call from here to `taken = True`: a signal handler runs only after a call
+                # or at a backward jump, so an interrupt cannot land between consuming the step
+                # and recording that it was (dict.pop would open such a gap). From here to the
+                # return, every call is inside this try.
+                del self.ready[step]
+                self.next_step = step + 1
+                taken = True
+                self.cond.notify_all()
+                self._moved()
+        except BaseException:
+            # An interrupt (KeyboardInterrupt from a signal handler inside notify_all or the
+            # condition's __enter__/__exit__, which are Python code) must neither lose a
+            # consumed step nor leave the lock held.
+            self._recover((step, generation, item) if taken else None)
+            raise
+        if failed:
+            self.stop()
+            raise item.error
+        return item
+
+    def _recover(self, consumed: tuple[int, int, Any] | None) -> None:
+        """Cleans up after an exception in :meth:`take`: releases the lock if an interrupt
+        left it held, and puts back a step that was consumed but not delivered."""
+        cond = self.cond
+        # Held here only if the interrupt came inside __enter__ after it acquired the lock, or
+        # inside __exit__ before it released it: then nothing else will release it.
+        held = cond._is_owned()  # type: ignore[attr-defined]  # private, but in every 3.x
+        if consumed is None:
+            if held:
+                cond.release()
+            return
+        if not held:
+            cond.acquire()
+        try:
+            step, generation, item = consumed
+            # Only if nothing moved since: no seek, no close, no other consumer took a step.
+            if (not self.closed and self.generation == generation
+                    and self.next_step == step + 1 and step not in self.ready):
+                self.ready[step] = item
+                self.next_step = step
+                cond.notify_all()  # another consumer may be waiting for this step
+        finally:
+            cond.release()
+
+    def seek(self, step: int) -> None:
+        with self.cond:
+            self.generation += 1
+            self.ready.clear()
+            self.next_step = self.claim = self.prefetched_to = step
+            self.cond.notify_all()
+            self._moved()
+
+    def steps_ahead(self, step: int, readahead: int) -> range:
+        """The steps after ``step`` whose reads nobody has started yet (up to ``readahead`` of
+        them), now marked as started. Called under the lock."""
+        ahead = range(max(self.prefetched_to, step + 1), step + 1 + readahead)
+        self.prefetched_to = max(self.prefetched_to, ahead.stop)
+        return ahead
