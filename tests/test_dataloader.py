@@ -256,9 +256,7 @@ def test_a_stop_iteration_while_building_a_batch_is_an_error_too(streams):
         def gather_rows(self, *args):
             raise StopIteration
 
-    builder = loader._pipe.builder
-    builder.streams[0] = stream._replace(ds=Exhausted())
-    builder.dense[0] = (stream.name, Exhausted().gather_rows, stream.item_shape, stream.dtype)
+    loader._pipe.builder.streams[0] = stream._replace(ds=Exhausted())
     with pytest.raises(RuntimeError, match="building the batch raised StopIteration at step 0") \
             as info:
         for _ in loader:

@@ -54,9 +54,6 @@ class Memory(Protocol):
     and the raw uint8 buffer under it (to fill), ``ragged`` the leased uint8 buffer of a ragged
     stream's records."""
 
-    #: Whether :meth:`reserve` must be called (the byte sizes cost a loop to compute).
-    needs_sizes: bool
-
     def reserve(self, sizes: list[int]) -> None: ...
 
     def dense(self, i: int, shape: tuple[int, ...], dtype: np.dtype[Any],
@@ -102,11 +99,6 @@ class Builder:
         self.names = frozenset(streams)
         # The streams' companion arrays (see loaderx.source), merged into each batch.
         self.companions = [getattr(ds, "companions", None) for ds in streams.values()]
-        # Dense streams without companions: what `build` needs of each, looked up once.
-        self.dense_only = all(not s.ragged for s in self.streams) and \
-            all(c is None for c in self.companions)
-        self.dense = [(s.name, s.ds.gather_rows, s.item_shape, s.dtype) for s in self.streams
-                      if not s.ragged]
 
     def produce(self, step: int, memory: Memory) -> Any:
         """Batch ``step``, transformed."""
@@ -135,18 +127,6 @@ class Builder:
         """Every stream gathered at ``idx`` into ``memory``, plus their companion arrays."""
         shards = max(1, _native.num_threads() // max(1, self.workers))
         n = len(idx)
-        if self.dense_only:
-            # The common case on its shortest path: a batch of small records costs tens of
-            # microseconds, much of it in this loop (see DESIGN.md, "Fixed costs").
-            if memory.needs_sizes:
-                memory.reserve([n * s.record_bytes for s in self.streams])
-            batch: dict[str, Any] = {}
-            for i, (name, gather, tail, dtype) in enumerate(self.dense):
-                out, raw = memory.dense(i, (n, *tail), dtype, n)
-                if n:
-                    gather(idx, raw, shards)
-                batch[name] = out
-            return batch
         # Ragged streams: the records' lengths first (one call each), so that the whole
         # batch's size is known before any memory is taken.
         layouts: list[tuple[np.ndarray, np.ndarray, int] | None] = []
@@ -161,7 +141,7 @@ class Builder:
                 layouts.append(None)
                 sizes.append(n * s.record_bytes)
         memory.reserve(sizes)
-        batch = {}
+        batch: dict[str, Any] = {}
         for i, (s, layout, companions) in enumerate(
                 zip(self.streams, layouts, self.companions, strict=True)):
             if layout is not None:

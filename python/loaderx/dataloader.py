@@ -694,8 +694,6 @@ class _PooledMemory:
     buffers (see :mod:`loaderx._recycle`), a fixed-size one per dense stream, a growing one
     per ragged stream."""
 
-    needs_sizes = False
-
     def __init__(self, builder: Builder, rows: int, keep: int) -> None:
         self.shapes = [(rows, *s.item_shape) for s in builder.streams]
         self.pools: list[Any] = [GrowingPool(keep) if s.ragged else

@@ -159,8 +159,6 @@ class BatchMemory:
     """The :class:`loaderx._batch.Memory` of one batch in a worker: every stream's part of the
     batch at an aligned offset of one segment."""
 
-    needs_sizes = True
-
     def __init__(self, arena: Arena) -> None:
         self.arena = arena
         self.segment: Segment | None = None

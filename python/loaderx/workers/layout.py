@@ -44,9 +44,12 @@ class Ref:
             dtype = dtype.str
         self.dtype = dtype
 
+    def fields(self) -> tuple[Any, ...]:
+        """Its fields in the order of the constructor's arguments."""
+        return (self.segment, self.offset, self.shape, self.strides, self.dtype, self.torch)
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Ref, (self.segment, self.offset, self.shape, self.strides, self.dtype,
-                      self.torch))
+        return (Ref, self.fields())
 
 
 class Opaque:
@@ -177,9 +180,7 @@ def encode(out: Any, memory: BatchMemory, arena: Arena) -> tuple[Any, list[Segme
         arena.lend(segment)
     if type(skeleton) is dict and all(type(v) is Ref for v in skeleton.values()):
         # The common case -- a dict of arrays -- as plain tuples: what pickle reads fastest.
-        flat = [(r.segment, r.offset, r.shape, r.strides, r.dtype, r.torch)
-                for r in skeleton.values()]
-        return Flat(tuple(skeleton), flat), lent
+        return Flat(tuple(skeleton), [r.fields() for r in skeleton.values()]), lent
     return skeleton, lent
 
 
@@ -237,20 +238,23 @@ def decode(skeleton: Any, maps: Maps, loan: Loan) -> Any:
 
 def _decode_flat(flat: Flat, maps: Maps, loan: Loan) -> dict[Any, Any]:
     regions: dict[int, np.ndarray] = {}
-    out: dict[Any, Any] = {}
-    for key, (segment, offset, shape, strides, dtype, torch) in zip(flat.keys, flat.refs,
-                                                                   strict=True):
-        region = regions.get(segment)
-        if region is None:
-            region = regions[segment] = np.asarray(_Lease(loan, maps[segment]))
-        array = np.ndarray(shape, _dtype(dtype), buffer=region, offset=offset, strides=strides)
-        if torch:
-            import torch as module
+    return {key: _array(ref, maps, loan, regions)
+            for key, ref in zip(flat.keys, flat.refs, strict=True)}
 
-            out[key] = module.from_numpy(array)
-        else:
-            out[key] = array
-    return out
+
+def _array(ref: tuple[Any, ...], maps: Maps, loan: Loan, regions: dict[int, np.ndarray]) -> Any:
+    """The array at ``ref`` (a :meth:`Ref.fields` tuple), over the batch's one lease of its
+    segment (made on first use)."""
+    segment, offset, shape, strides, dtype, torch = ref
+    region = regions.get(segment)
+    if region is None:
+        region = regions[segment] = np.asarray(_Lease(loan, maps[segment]))
+    array = np.ndarray(shape, _dtype(dtype), buffer=region, offset=offset, strides=strides)
+    if torch:
+        import torch as module
+
+        return module.from_numpy(array)
+    return array
 
 
 def _decode(value: Any, maps: Maps, loan: Loan, regions: dict[int, np.ndarray]) -> Any:
@@ -262,16 +266,7 @@ def _decode(value: Any, maps: Maps, loan: Loan, regions: dict[int, np.ndarray]) 
     if kind is Opaque:
         return value.value
     if kind is Ref:
-        region = regions.get(value.segment)
-        if region is None:
-            region = regions[value.segment] = np.asarray(_Lease(loan, maps[value.segment]))
-        array = np.ndarray(value.shape, _dtype(value.dtype), buffer=region,
-                           offset=value.offset, strides=value.strides)
-        if value.torch:
-            import torch
-
-            return torch.from_numpy(array)
-        return array
+        return _array(value.fields(), maps, loan, regions)
     if kind is dict:
         return {k: _decode(v, maps, loan, regions) for k, v in value.items()}
     if kind is list:
