@@ -67,9 +67,8 @@ import numpy.typing as npt
 __all__ = ["DenseSource", "RaggedSource", "is_dense_source", "is_ragged_source"]
 
 
-@runtime_checkable
-class DenseSource(Protocol):
-    """See the module documentation."""
+class _Source(Protocol):
+    """What both kinds of stream have (see the module documentation)."""
 
     @property
     def kind(self) -> str: ...
@@ -81,9 +80,6 @@ class DenseSource(Protocol):
     def item_shape(self) -> tuple[int, ...]: ...
 
     @property
-    def record_bytes(self) -> int: ...
-
-    @property
     def recently_cold(self) -> bool: ...
 
     @property
@@ -91,11 +87,19 @@ class DenseSource(Protocol):
 
     def __len__(self) -> int: ...
 
+    def prefetch(self, idxs: Any) -> bool: ...
+
+
+@runtime_checkable
+class DenseSource(_Source, Protocol):
+    """See the module documentation."""
+
+    @property
+    def record_bytes(self) -> int: ...
+
     def gather_rows(self, idxs: npt.NDArray[np.uint64], dst: npt.NDArray[np.uint8],
                     shards: int | None = None,
                     rows: npt.NDArray[np.uint64] | None = None) -> None: ...
-
-    def prefetch(self, idxs: Any) -> bool: ...
 
 
 def is_dense_source(obj: object) -> bool:
@@ -104,32 +108,13 @@ def is_dense_source(obj: object) -> bool:
 
 
 @runtime_checkable
-class RaggedSource(Protocol):
+class RaggedSource(_Source, Protocol):
     """See the module documentation."""
-
-    @property
-    def kind(self) -> str: ...
-
-    @property
-    def dtype(self) -> np.dtype[Any]: ...
-
-    @property
-    def item_shape(self) -> tuple[int, ...]: ...
-
-    @property
-    def recently_cold(self) -> bool: ...
-
-    @property
-    def view_digest(self) -> str: ...
-
-    def __len__(self) -> int: ...
 
     def record_nbytes(self, idxs: npt.NDArray[np.uint64]) -> npt.NDArray[Any]: ...
 
     def gather_at(self, idxs: npt.NDArray[np.uint64], dst: npt.NDArray[np.uint8],
                   offsets: npt.NDArray[np.uint64]) -> None: ...
-
-    def prefetch(self, idxs: Any) -> bool: ...
 
 
 def is_ragged_source(obj: object) -> bool:
