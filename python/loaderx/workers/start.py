@@ -71,11 +71,11 @@ def _not_importable(transform: Any) -> bool:
 def choose(requested: Any, job: tuple[Any, ...], transform: Any) -> tuple[str, bytes | None]:
     """The start method, and ``job`` pickled (None for ``fork``, which inherits it)."""
     if requested is None or requested == "auto":
-        why = _unpicklable(job, transform)
-        if why is None:
+        payload, why = _pickled(job, transform)
+        if payload is not None:
             method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() \
                 else "spawn"
-            return method, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+            return method, payload
         if "fork" in multiprocessing.get_all_start_methods() and not _other_python_threads():
             return "fork", None
         raise LoaderxTypeError(
@@ -89,22 +89,21 @@ def choose(requested: Any, job: tuple[Any, ...], transform: Any) -> tuple[str, b
         raise LoaderxValueError(f"start_method {requested!r} is not available on this platform")
     if requested == "fork":
         return "fork", None
-    why = _unpicklable(job, transform)
-    if why is not None:
+    payload, why = _pickled(job, transform)
+    if payload is None:
         raise LoaderxTypeError(
             f"start_method={requested!r} sends the streams and the transform to each worker "
             f"by pickling them, but {why}; define the transform at module level in an "
             "importable module, or use start_method='fork'")
-    return requested, pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+    return requested, payload
 
 
-def _unpicklable(job: tuple[Any, ...], transform: Any) -> str | None:
-    """Why ``job`` cannot reach a fresh interpreter, or None."""
+def _pickled(job: tuple[Any, ...], transform: Any) -> tuple[bytes | None, str]:
+    """``job`` pickled for a fresh interpreter, or None and why it cannot reach one."""
     if _not_importable(transform):
-        return (f"the transform {getattr(transform, '__qualname__', transform)!r} is defined "
-                "in an interactive __main__, which a fresh worker cannot import")
+        return None, (f"the transform {getattr(transform, '__qualname__', transform)!r} is "
+                      "defined in an interactive __main__, which a fresh worker cannot import")
     try:
-        pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL), ""
     except Exception as e:  # pickle raises many kinds (PicklingError, TypeError, ...)
-        return f"they do not pickle ({type(e).__name__}: {e})"
-    return None
+        return None, f"they do not pickle ({type(e).__name__}: {e})"
