@@ -60,11 +60,17 @@ def _recv_exactly(sock: socket.socket, n: int, fds: list[int]) -> bytes:
 def recv(sock: socket.socket) -> tuple[Any, list[int]]:
     """The next frame's message and descriptors (blocking); :class:`Closed` at end of file."""
     fds: list[int] = []
-    magic, count, length = _HEADER.unpack(_recv_exactly(sock, _HEADER.size, fds))
-    if magic != _MAGIC or count > MAX_FDS:
-        raise InternalError("a loaderx worker channel lost its framing")
+    count, length = _header(_recv_exactly(sock, _HEADER.size, fds))
     payload = _recv_exactly(sock, length, fds)
     return pickle.loads(payload), fds
+
+
+def _header(data: bytes | bytearray) -> tuple[int, int]:
+    """A frame's descriptor count and payload length, from the bytes that start with it."""
+    magic, count, length = _HEADER.unpack_from(data)
+    if magic != _MAGIC or count > MAX_FDS:
+        raise InternalError("a loaderx worker channel lost its framing")
+    return count, length
 
 
 def _take_fds(ancillary: list[tuple[int, int, bytes]], into: list[int]) -> None:
@@ -108,9 +114,7 @@ class Reader:
                 break
         frames = []
         while len(self.buf) >= _HEADER.size:
-            magic, count, length = _HEADER.unpack_from(self.buf)
-            if magic != _MAGIC or count > len(self.fds) + MAX_FDS:
-                raise InternalError("a loaderx worker channel lost its framing")
+            count, length = _header(self.buf)
             end = _HEADER.size + length
             if len(self.buf) < end or len(self.fds) < count:
                 break
