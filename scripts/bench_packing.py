@@ -12,7 +12,9 @@ shifted target), batches of 32. Tables:
   random ``seq_len``-token slice, one fancy index per batch; no segment ids, no positions,
   documents cut anywhere) against the ``DataLoader`` over ``pack()`` (tokens, segment ids and
   positions), raw and zstd stores, documents whole (one file is over the 1 MiB record limit:
-  1 MiB pieces) or written in 16 KiB pieces (``max_record_bytes=``), ``num_workers`` 0 and 2;
+  1 MiB pieces) or written in 4 KiB / 16 KiB pieces (``max_record_bytes=``), ``num_workers``
+  0 and 2; then the zstd decode ceiling: ``zstd -b`` on the same bytes in blocks of the piece
+  size, and what a batch must decode at that speed (a row decodes each piece it touches);
   and Grain's packing (``ConcatThenSplitIterDataset`` and ``FirstFitPackIterDataset`` over the
   documents held in memory, batched by Grain) where ``grain`` imports; then the time a training
   loop waits per batch behind a 1 ms step that releases the GIL, and the ratio by batch size;
@@ -130,6 +132,32 @@ def waiting(root: pathlib.Path, workers: int | None, steps: int = 400) -> float:
     return statistics.median(waits) * 1e6
 
 
+def zstd_ceiling(stream: pathlib.Path, base: float) -> None:
+    """The most a zstd store of the corpus can give: a row of 513 tokens decodes every piece it
+    touches whole -- about its own bytes plus one piece -- at ``zstd -b``'s decode speed on
+    blocks of the piece size (the same corpus bytes), one core."""
+    import re
+    import subprocess
+
+    exe = shutil.which("zstd")
+    if exe is None:
+        print("\nzstd CLI not installed: no decode ceiling (apt-get install zstd)")
+        return
+    print(f"\n| zstd pieces | `zstd -b3 -B<piece>` decode MB/s | decode ceiling, µs per batch of "
+          f"{BATCH} rows (one core) | best ratio to the baseline |")
+    print("|---|---|---|---|")
+    for piece in (1 << 10, 4 << 10, 16 << 10):
+        out = subprocess.run([exe, "-b3", f"-B{piece}", "-i2", str(stream)],
+                             capture_output=True, text=True).stderr
+        speeds = re.findall(r"([\d.]+) MB/s,\s+([\d.]+) MB/s", out)
+        if not speeds:
+            continue
+        decode = float(speeds[-1][1]) * 1e6
+        per = BATCH * (SEQ * 2 + piece) / decode
+        print(f"| {piece >> 10} KiB | {decode / 1e6:,.0f} | {per * 1e6:,.0f} | "
+              f"{base / per:.2f}x |")
+
+
 def grain_run(docs: list[np.ndarray], batches: int, method: str) -> float | None:
     try:
         import grain
@@ -167,19 +195,22 @@ def throughput(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None
 
     stream = np.concatenate([np.append(d, np.uint16(EOS)) for d in docs])
     stream.tofile(root / "all.bin")
-    for codec in ("raw", "zstd"):
+    layouts = {"raw": ("raw", 1 << 20), "raw-16k": ("raw", 16 << 10),
+               "zstd": ("zstd", 1 << 20), "zstd-4k": ("zstd", 4 << 10),
+               "zstd-16k": ("zstd", 16 << 10)}
+    for store, (codec, piece) in layouts.items():
         # One file is over the 1 MiB record limit as uint16: 1 MiB pieces for it.
-        from_iterator(root / codec, docs, codec=codec, progress=False,
-                      max_record_bytes=1 << 20)
-        from_iterator(root / f"{codec}-16k", docs, codec=codec, progress=False,
-                      max_record_bytes=16 << 10)
+        from_iterator(root / store, docs, codec=codec, progress=False, max_record_bytes=piece)
     fast, slow = 2000, 60
     rows: list[tuple[str, float, int]] = []
     rows.append(("nanoGPT-style memmap slices (baseline)",
                  median(lambda: nanogpt(root / "all.bin", fast), repeats), fast))
     for store, label in (("raw", "raw"), ("raw-16k", "raw, 16 KiB pieces"),
-                         ("zstd", "zstd"), ("zstd-16k", "zstd, 16 KiB pieces")):
-        n = fast if store.startswith("raw") else fast // 4
+                         ("zstd", "zstd, documents whole (1 MiB pieces)"),
+                         ("zstd-4k", "zstd, 4 KiB pieces (from_token_stream's zstd layout)"),
+                         ("zstd-16k", "zstd, 16 KiB pieces")):
+        # Fewer batches where each costs more (zstd whole documents: milliseconds).
+        n = fast if store.startswith("raw") else fast // 40 if store == "zstd" else fast // 8
         for workers in (0, 2):
             rows.append((f"loaderx pack concat, {label}, num_workers={workers}",
                          median(lambda s=store, n=n, w=workers: loaderx_run(root / s, n, w),
@@ -209,6 +240,7 @@ def throughput(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None
               f"{base / per:.2f}x |")
     if grain_note:
         print(f"\n{grain_note}")
+    zstd_ceiling(root / "all.bin", base)
     grains = {name: t / n for name, t, n in rows if name.startswith("grain")}
     ours = {"concat": rows[1][1] / rows[1][2],
             "first_fit": next(t / n for name, t, n in rows if "first_fit" in name)}

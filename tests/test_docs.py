@@ -12,6 +12,7 @@ import loaderx.concat
 import loaderx.converter
 import loaderx.dataloader
 import loaderx.dataset
+import loaderx.intake.tokens
 import loaderx.sharding
 import loaderx.subset
 import loaderx.zrecord
@@ -29,7 +30,7 @@ def test_readme_examples_run(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("module", [loaderx.zrecord, loaderx.converter, loaderx.dataset,
                                     loaderx.dataloader, loaderx.concat, loaderx.sharding,
-                                    loaderx.subset])
+                                    loaderx.subset, loaderx.intake.tokens])
 def test_module_doctests(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

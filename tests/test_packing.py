@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -660,15 +661,25 @@ def test_a_spawned_worker_process_reads_the_same_rows(tmp_path):
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.int32])
 @pytest.mark.parametrize("eos", [None, 7])
-def test_the_native_concat_rows_equal_the_numpy_reference(tmp_path, dtype, eos):
+@pytest.mark.parametrize("layout", ["whole", "pieces", "subset", "pieces-subset"])
+def test_the_native_concat_rows_equal_the_numpy_reference(tmp_path, dtype, eos, layout):
     """One native call (Zrecord.pack_concat) plans, gathers and fills segment ids and positions
-    for the common case; the NumPy path is its reference, on the same random rows (empty
-    documents, documents longer than a row, and the end token included)."""
+    for concat over one store -- documents whole or in pieces, the store or a subset of whole
+    documents; the NumPy path is its reference, on the same random rows (empty documents,
+    documents longer than a row and than a piece, and the end token included)."""
     rng = np.random.default_rng(11)
     docs = [rng.integers(8, 1000, n).astype(dtype) for n in rng.integers(0, 300, 120)]
-    loaderx.from_iterator(tmp_path / "d", docs, codec="raw", progress=False)
-    fast = loaderx.pack(loaderx.RaggedDataset(tmp_path / "d"), 37, eos_id=eos, seed=3)
-    slow = loaderx.pack(loaderx.RaggedDataset(tmp_path / "d"), 37, eos_id=eos, seed=3)
+    piece = 40 * np.dtype(dtype).itemsize if "pieces" in layout else None
+    loaderx.from_iterator(tmp_path / "d", docs, codec="raw", progress=False,
+                          max_record_bytes=piece)
+    source: Any = loaderx.RaggedDataset(tmp_path / "d")
+    if "subset" in layout:  # every other document, each with all its pieces
+        lengths = source.store.lengths(np.arange(len(source), dtype=np.uint64))
+        ends = lengths != (piece or 0)  # bytes: a full piece is continued
+        doc_of = np.concatenate([[0], np.cumsum(ends)[:-1]])
+        source = loaderx.Subset(source, np.flatnonzero(doc_of % 2 == 0))
+    fast = loaderx.pack(source, 37, eos_id=eos, seed=3)
+    slow = loaderx.pack(source, 37, eos_id=eos, seed=3)
     assert fast._native is not None
     slow._native = None
     rows = rng.integers(0, len(fast), 64).astype(np.uint64)

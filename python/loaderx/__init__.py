@@ -16,7 +16,7 @@ public names are importable from here::
 * :mod:`loaderx.intake` -- bringing data in: :func:`from_arrow` (Arrow tables of any library,
   Parquet files), :func:`from_image_folder` and :func:`from_webdataset` (image folders, tar
   shards) write a dataset directory (a store per column), :func:`open_dataset` opens it as
-  ``{column: dataset}``.
+  ``{column: dataset}``; :func:`from_token_stream` cuts a flat token file into documents.
 * :mod:`loaderx.packing` -- :func:`pack`: token documents as fixed-length rows (packed
   sequences with segment ids and positions) for language models.
 * :mod:`loaderx.zrecord` -- :class:`Zrecord`, the raw byte-record store underneath.
@@ -59,6 +59,7 @@ from loaderx.intake import (
     decode_strings,
     from_arrow,
     from_image_folder,
+    from_token_stream,
     from_webdataset,
     open_dataset,
 )
@@ -77,5 +78,5 @@ __all__ = [
     "single_process", "split", "to_torch", "torch_batches", "torch_process_shard",
     "__version__",
     "decode_strings", "from_arrow", "open_dataset",  # loaderx.intake
-    "from_image_folder", "from_webdataset",
+    "from_image_folder", "from_token_stream", "from_webdataset",
 ]

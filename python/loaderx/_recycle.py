@@ -5,12 +5,14 @@ A fresh multi-megabyte array costs a page fault per 4 KiB the first time it is w
 whose memory comes from a small pool of preallocated buffers and goes back to the pool only when
 the consumer has dropped every reference to it.
 
-How "every reference" is tracked: each handed-out array is built with ``np.asarray`` over a
-:class:`_Lease`, an object exposing the buffer through ``__array_interface__``. NumPy makes that
-object the ``base`` of the array, and every view, slice or reshape of the array keeps the same
-base (NumPy collapses view chains down to the first non-array owner). So the lease lives exactly
-as long as some array can reach the memory; when the last one goes, the lease's ``__del__``
-gives the buffer back. Memory a consumer can still see is never reused.
+How "every reference" is tracked: every array handed out is a view of a buffer the pool
+allocated, and NumPy makes the array that owns the memory the ``base`` of every view, slice or
+reshape of it (view chains collapse to the owner), so each array that can reach the memory -- and
+each memoryview, torch tensor or other export of one, which holds the array -- holds a reference
+to the owner. The pool keeps the owner's reference count as it was when nothing else held it; a
+buffer whose count is back at that value is seen by nobody and is handed out again. Memory a
+consumer can still see is never reused. (Counting references costs a tenth of a microsecond; an
+owner object with a ``__del__`` behind ``__array_interface__`` cost about 2.5 µs a batch.)
 
 Dense streams take fixed-size buffers from a :class:`BufferPool`; ragged streams, whose batches
 differ in size, take them from a :class:`GrowingPool`, and every record of a ragged batch is a
@@ -20,8 +22,8 @@ last record of the batch.
 
 from __future__ import annotations
 
+import sys
 import threading
-from typing import Any
 
 import numpy as np
 
@@ -39,51 +41,71 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     return raw[skip:skip + nbytes]
 
 
+class _Buffer:
+    """One buffer a pool made: the array that owns the memory, the aligned uint8 window of it
+    that is handed out, and the owner's reference count while nobody else holds it."""
+
+    __slots__ = ("owner", "view", "idle_refs")
+
+    def __init__(self, nbytes: int) -> None:
+        self.view = aligned_empty(nbytes)
+        self.owner = self.view.base if self.view.base is not None else self.view
+        self.idle_refs = 0
+        # Counted by the same call `free` makes, so that its own temporaries count alike.
+        self.idle_refs = self.refs()
+
+    def refs(self) -> int:
+        return sys.getrefcount(self.owner)
+
+    def free(self) -> bool:
+        return self.refs() == self.idle_refs
+
+
 class BufferPool:
-    """Buffers of one fixed size; ``take`` returns an array over a recycled buffer when one is
-    free and over a new one otherwise. At most ``keep`` free buffers are retained."""
+    """Buffers of one fixed size; ``take`` returns an array over a buffer nobody sees any more
+    when there is one and over a new one otherwise. The pool follows at most ``2 * keep``
+    buffers, seen or not (so the consumer's batch and the ones in flight all come back); a
+    buffer made while as many are in use is the consumer's to drop."""
 
     def __init__(self, nbytes: int, keep: int) -> None:
         self.nbytes = nbytes
         self.keep = keep
-        self._free: list[tuple[np.ndarray, int]] = []
+        self._buffers: list[_Buffer] = []
         self._lock = threading.Lock()
         self.allocated = 0  # buffers created, for tests and the benchmark
         self.closed = False
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-        """A leased ``shape``/``dtype`` array, and the raw uint8 buffer under it (to fill; do
-        not keep it, or the buffer may be reused under you)."""
-        with self._lock:
-            item = self._free.pop() if self._free else None
-        if item is None:
-            buf = aligned_empty(self.nbytes)
-            item = (buf, buf.__array_interface__["data"][0])
+        """A ``shape``/``dtype`` array, and the raw uint8 buffer under it (to fill; do not keep
+        it, or the buffer may be reused under you)."""
+        with self._lock:  # the array is made under the lock: no other taker sees it free
+            for b in self._buffers:
+                if b.free():
+                    return np.ndarray(shape, dtype, b.view), b.view
+            b = _Buffer(self.nbytes)
             self.allocated += 1
-        return np.asarray(_Lease(self, item, shape, dtype.str)), item[0]
-
-    def give(self, item: tuple[np.ndarray, int]) -> None:
-        with self._lock:
-            if not self.closed and len(self._free) < self.keep:
-                self._free.append(item)
+            if not self.closed and len(self._buffers) < 2 * self.keep:
+                self._buffers.append(b)
+            return np.ndarray(shape, dtype, b.view), b.view
 
     def close(self) -> None:
-        """Drops the free buffers; buffers still leased are freed when their arrays go."""
+        """Drops the pool's buffers; those still in use are freed when their arrays go."""
         with self._lock:
             self.closed = True
-            self._free.clear()
+            self._buffers.clear()
 
 
 class GrowingPool:
-    """Buffers for batches of varying size (ragged streams): ``take(nbytes)`` returns a leased
-    uint8 array of ``nbytes`` bytes over a free buffer at least that large, or over a new one.
+    """Buffers for batches of varying size (ragged streams): ``take(nbytes)`` returns a uint8
+    array of ``nbytes`` bytes over a buffer nobody sees any more that is at least that large,
+    or over a new one.
 
     A new buffer gets a quarter more than asked for and never less than the largest made
     before (its ``capacity``), so capacities grow geometrically while batches grow and then
     settle on one size that fits the batches seen: after a few batches every request is
-    served from the pool. Buffers smaller than the current capacity are dropped when they
-    come back (and when a request finds none that fits), and at most ``keep`` free buffers are
-    retained, so the pool holds at most ``keep`` buffers of the capacity."""
+    served from the pool. Buffers below the current capacity are dropped once nobody sees
+    them, and the pool follows at most ``2 * keep`` buffers, seen or not, so it holds at most
+    that many of the capacity."""
 
     #: The smallest buffer made, and the granularity of sizes (a page).
     GRAIN = 4096
@@ -91,57 +113,43 @@ class GrowingPool:
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self.capacity = 0
-        self._free: list[tuple[np.ndarray, int]] = []
+        self._buffers: list[_Buffer] = []
         self._lock = threading.Lock()
         self.allocated = 0  # buffers created, for tests and the benchmark
         self.closed = False
 
     def take(self, nbytes: int) -> np.ndarray:
-        """A leased, writable uint8 array of ``nbytes`` bytes (fill it, then take views of
-        it: every view keeps the lease)."""
+        """A writable uint8 array of ``nbytes`` bytes (fill it, then take views of it: every
+        view keeps the buffer from reuse)."""
         with self._lock:
-            item = None
-            for i, (buf, _) in enumerate(self._free):
-                if len(buf) >= nbytes:
-                    item = self._free.pop(i)
-                    break
-            if item is None:
-                self._free.clear()  # all smaller than this request, so below the new capacity
+            kept = []
+            found = None
+            for b in self._buffers:
+                free = b.free()
+                if free and len(b.view) < self.capacity:
+                    continue  # outgrown and unseen: dropped
+                if free and found is None and len(b.view) >= nbytes:
+                    found = b
+                kept.append(b)
+            self._buffers = kept
+            if found is None:
                 grain = self.GRAIN
                 want = -(-(nbytes + nbytes // 4) // grain) * grain or grain
                 self.capacity = max(self.capacity, want)
                 self.allocated += 1
-                size = self.capacity
-        if item is None:
-            buf = aligned_empty(size)
-            item = (buf, buf.__array_interface__["data"][0])
-        return np.asarray(_Lease(self, item, (nbytes,), "|u1"))
-
-    def give(self, item: tuple[np.ndarray, int]) -> None:
-        with self._lock:
-            if (not self.closed and len(self._free) < self.keep
-                    and len(item[0]) >= self.capacity):
-                self._free.append(item)
+                found = _Buffer(self.capacity)
+                # Buffers below the new capacity go once unseen; the new one is kept in
+                # their place when the pool is full of them.
+                self._buffers = [b for b in self._buffers
+                                 if not (b.free() and len(b.view) < self.capacity)]
+                if not self.closed and len(self._buffers) < 2 * self.keep:
+                    self._buffers.append(found)
+            return found.view[:nbytes]
 
     def close(self) -> None:
-        """Drops the free buffers; buffers still leased are freed when their arrays go."""
+        """Drops the pool's buffers; those still in use are freed when their arrays go."""
         with self._lock:
             self.closed = True
-            self._free.clear()
+            self._buffers.clear()
 
 
-class _Lease:
-    """Owner of one handed-out buffer (see the module documentation)."""
-
-    __slots__ = ("_pool", "_item", "__array_interface__")
-
-    def __init__(self, pool: BufferPool | GrowingPool, item: tuple[np.ndarray, int],
-                 shape: tuple[int, ...], typestr: str) -> None:
-        self._pool = pool
-        self._item = item
-        self.__array_interface__: dict[str, Any] = {
-            "shape": shape, "typestr": typestr, "data": (item[1], False), "version": 3,
-        }
-
-    def __del__(self) -> None:
-        self._pool.give(self._item)

@@ -177,6 +177,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
         return files(args)
     if not os.path.isfile(args.input):
         raise _UsageError(f"{args.input}: no such file")
+    if args.split_at is not None:
+        return _convert_tokens(args)
+    if args.dtype is not None or args.max_record_bytes is not None:
+        raise _UsageError("--dtype and --max-record-bytes are for token streams: pass "
+                          "--split-at END_TOKEN")
     try:
         arr = np.load(args.input, mmap_mode="r", allow_pickle=False)
     except Exception as e:  # numpy raises several types for a file that is not a .npy
@@ -193,6 +198,48 @@ def cmd_convert(args: argparse.Namespace) -> int:
                    append=True if args.append else None, progress=progress,
                    checksums=args.checksums)
     print(f"{args.out}: {n} records ({arr.dtype.str} {tuple(arr.shape[1:])}, {args.codec})")
+    return EXIT_OK
+
+
+def _convert_tokens(args: argparse.Namespace) -> int:
+    """A flat token stream (a 1-D .npy, or a raw file such as nanoGPT's train.bin with
+    --dtype) cut into documents at --split-at and written for loaderx.pack."""
+    from loaderx.intake.tokens import from_token_stream
+
+    if args.input.endswith(".npy"):
+        if args.dtype is not None:
+            raise _UsageError("a .npy file names its own dtype; drop --dtype")
+        try:
+            tokens = np.load(args.input, mmap_mode="r", allow_pickle=False)
+        except Exception as e:  # numpy raises several types for a file that is not a .npy
+            raise _UsageError(f"{args.input}: not a readable .npy file ({e})") from None
+    else:
+        if args.dtype is None:
+            raise _UsageError(f"{args.input} is not a .npy file: name its token type with "
+                              "--dtype (uint16 for nanoGPT's .bin files)")
+        try:
+            dtype = np.dtype(args.dtype)
+        except TypeError:
+            raise _UsageError(f"--dtype {args.dtype!r} is not a NumPy dtype") from None
+        if dtype.kind not in "iu":
+            raise _UsageError(f"--dtype must be an integer type, got {dtype}")
+        size = os.path.getsize(args.input)
+        if size % dtype.itemsize:
+            raise _UsageError(f"{args.input} holds {size} bytes, not a whole number of "
+                              f"{dtype.itemsize}-byte tokens; is --dtype right?")
+        tokens = (np.memmap(args.input, dtype=dtype, mode="r") if size
+                  else np.empty(0, dtype))
+    if _schema.is_store(args.out) and not (args.append or args.overwrite):
+        raise _UsageError(f"{args.out} already holds a dataset; pass --append to add these "
+                          "documents to it or --overwrite to replace it")
+    progress = None if args.progress == "auto" else args.progress == "on"
+    codec = args.codec or "raw"
+    n = from_token_stream(args.out, tokens, args.split_at, codec=codec,
+                          max_record_bytes=args.max_record_bytes, overwrite=args.overwrite,
+                          append=True if args.append else None, progress=progress,
+                          checksums=args.checksums, chunk_bytes=args.chunk_bytes)
+    print(f"{args.out}: {n} documents ({tokens.dtype.str} tokens, {codec}); read it with "
+          f"loaderx.pack(RaggedDataset({args.out!r}), seq_len, eos_id={args.split_at})")
     return EXIT_OK
 
 
@@ -490,7 +537,8 @@ def _parser() -> argparse.ArgumentParser:
 
     conv = sub.add_parser("convert", help="write a .npy array, an image folder or WebDataset "
                                           "shards as a dataset")
-    conv.add_argument("input", help="a .npy file (memory-mapped, never loaded whole); an image "
+    conv.add_argument("input", help="a .npy file (memory-mapped, never loaded whole); a token "
+                      "stream with --split-at; an image "
                       "folder (one folder per class); WebDataset shards (a .tar path, glob or "
                       "brace pattern such as 'shards-{000..099}.tar', quoted)")
     conv.add_argument("out", help="the dataset directory (must not hold one, unless --append "
@@ -500,6 +548,16 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("--chunk-bytes", type=int, default=64 << 20)
     conv.add_argument("--dict-size", type=int, default=None)
     conv.add_argument("--checksums", action="store_true", help="keep a checksum per record")
+    tokens = conv.add_argument_group("token streams (INPUT: a 1-D .npy, or a raw file with "
+                                     "--dtype, e.g. nanoGPT's train.bin)")
+    tokens.add_argument("--split-at", type=int, default=None, metavar="END_TOKEN",
+                        help="cut the stream into documents at this token (dropped; "
+                        "pack(..., eos_id=END_TOKEN) puts it back), one record each, "
+                        "default codec raw")
+    tokens.add_argument("--dtype", default=None, help="the token type of a raw file: uint16, "
+                        "uint32, int32")
+    tokens.add_argument("--max-record-bytes", type=int, default=None, metavar="N",
+                        help="pieces for long documents (default: 1 MiB raw, 4 KiB zstd)")
     what = conv.add_mutually_exclusive_group()
     what.add_argument("--append", action="store_true",
                       help="add the records to an existing dataset of the same dtype and shape")

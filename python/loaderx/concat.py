@@ -34,7 +34,7 @@ from loaderx.dataset import (
     _one_index,
     _schema,
 )
-from loaderx.errors import DatasetError, LoaderxIndexError, LoaderxValueError
+from loaderx.errors import DatasetError, LoaderxIndexError, LoaderxTypeError, LoaderxValueError
 
 __all__ = ["ConcatDataset"]
 
@@ -43,6 +43,14 @@ __all__ = ["ConcatDataset"]
 def _open_part(part: Any, verify_reads: bool) -> DenseDataset | RaggedDataset:
     if isinstance(part, (DenseDataset, RaggedDataset)):
         return part
+    if not isinstance(part, (str, os.PathLike)):
+        if type(part).__name__ == "PackedDataset":
+            raise LoaderxTypeError(
+                "ConcatDataset takes stores, not packed views: concatenate the documents and "
+                "pack once -- pack(ConcatDataset([RaggedDataset(a), RaggedDataset(b)]), "
+                "seq_len) -- which mixes the corpora's documents into the same rows")
+        raise LoaderxTypeError(f"a ConcatDataset part must be a dataset path, DenseDataset or "
+                               f"RaggedDataset, got {type(part).__name__}")
     path = os.fspath(part)
     kind = _schema.read(path).kind
     cls = DenseDataset if kind == "dense" else RaggedDataset

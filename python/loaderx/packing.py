@@ -318,12 +318,16 @@ class PackedDataset:
         self._aranges: dict[int, np.ndarray] = {}
         self._gather_parts = all(hasattr(p.store._native, "gather_parts")
                                  for p in layout.parts)
-        # The common case -- concat over one store, whole records, no subset -- has a native
-        # form that plans, gathers and fills segment ids and positions in one call.
+        # Concat over one store -- whole records or pieces, the whole store or a subset -- has
+        # a native form that plans, gathers and fills segment ids and positions in one call.
         native = layout.parts[0].store._native
-        self._native = (native if method == "concat" and not piece_rows
-                        and layout.indices is None and len(layout.parts) == 1
+        self._native = (native if method == "concat" and len(layout.parts) == 1
                         and hasattr(native, "pack_concat") else None)
+        self._view_records = (None if layout.indices is None else
+                              np.ascontiguousarray(layout.indices, dtype=np.uint64))
+        first = documents.first_record
+        self._first_record = (None if first is None or first.dtype == np.uint32
+                              else first.astype(np.uint64))
 
     # -- what the plan says --------------------------------------------------------------------
 
@@ -460,8 +464,11 @@ class PackedDataset:
             raise LoaderxIndexError(f"row {bad} is out of range for {len(self)} packed rows")
         seg = np.empty((len(rows), self._seq_len), np.int32)
         pos = np.empty((len(rows), self._seq_len), np.int32)
+        pieces = self._documents
+        first = self._first_record if self._first_record is not None else pieces.first_record
         native.pack_concat(plan.starts, plan.order, rows, self._seq_len, self._eos,
-                           self._dtype.itemsize, dst, seg.reshape(-1), pos.reshape(-1), shards)
+                           self._dtype.itemsize, dst, seg.reshape(-1), pos.reshape(-1), shards,
+                           first, pieces.piece_rows, self._view_records)
         cache = self._cache
         cache.segments_key, cache.segments = rows.tobytes(), (seg, pos)
 

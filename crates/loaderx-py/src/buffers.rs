@@ -66,3 +66,61 @@ pub fn writable_bytes(obj: &Bound<'_, PyAny>) -> Option<PyBuffer<u8>> {
     let buf = PyBuffer::<u8>::get(obj).ok()?;
     (!buf.readonly() && buf.is_c_contiguous()).then_some(buf)
 }
+
+/// A buffer of uint32 or uint64 indices (a plan keeps 4 bytes an entry while it can).
+pub enum IndexBuffer {
+    U32(PyBuffer<u32>),
+    U64(PyBuffer<u64>),
+}
+
+/// The values of an [`IndexBuffer`], borrowed.
+#[derive(Clone, Copy)]
+pub enum Indices<'b> {
+    U32(&'b [u32]),
+    U64(&'b [u64]),
+}
+
+impl IndexBuffer {
+    /// `obj` as uint32 or uint64 indices; anything else is refused naming `what`.
+    pub fn get(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
+        if let Ok(b) = PyBuffer::<u32>::get(obj) {
+            return Ok(IndexBuffer::U32(b));
+        }
+        PyBuffer::<u64>::get(obj).map(IndexBuffer::U64).map_err(|_| {
+            crate::errors::bad_argument(format!("{what} must be a uint32 or uint64 array"))
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            IndexBuffer::U32(b) => b.item_count(),
+            IndexBuffer::U64(b) => b.item_count(),
+        }
+    }
+
+    pub fn values(&self) -> PyResult<Indices<'_>> {
+        Ok(match self {
+            IndexBuffer::U32(b) => Indices::U32(slice(b, "indices")?),
+            IndexBuffer::U64(b) => Indices::U64(slice(b, "indices")?),
+        })
+    }
+}
+
+impl Indices<'_> {
+    /// Entry `k` (the caller checked that `k` is in range).
+    pub fn get(self, k: usize) -> u64 {
+        match self {
+            Indices::U32(v) => u64::from(v[k]),
+            Indices::U64(v) => v[k],
+        }
+    }
+
+    /// Entry `k`, or `None` past the end.
+    pub fn try_get(self, k: u64) -> Option<u64> {
+        let k = usize::try_from(k).ok()?;
+        match self {
+            Indices::U32(v) => v.get(k).map(|&x| u64::from(x)),
+            Indices::U64(v) => v.get(k).copied(),
+        }
+    }
+}

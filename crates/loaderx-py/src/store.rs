@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use zrecord::{Codec, Options, Store};
 
-use crate::buffers::{slice, slice_mut, u64_values, writable_bytes};
+use crate::buffers::{slice, slice_mut, u64_values, writable_bytes, IndexBuffer};
 use crate::errors::IntoPyResult;
 use crate::exit::detach;
 
@@ -180,8 +180,12 @@ impl Zrecord {
     /// bytes), the end token `eos_id` written where a document ends, and, when given, the
     /// segment ids and positions of every token (`zsampler::packing`). The plan's arrays are
     /// borrowed, never copied.
+    ///
+    /// Documents stored in pieces (`piece_rows` > 0 tokens each but the last) start at record
+    /// `first_record[doc]`; a subset's records are `view[record]` of the store.
     #[pyo3(signature = (starts, order, rows, seq_len, eos_id, itemsize, dst, segments=None,
-                        positions=None, max_shards=None))]
+                        positions=None, max_shards=None, first_record=None, piece_rows=0,
+                        view=None))]
     #[allow(clippy::too_many_arguments, reason = "one batch of a packed view, as Python holds it")]
     fn pack_concat(
         &self,
@@ -196,20 +200,24 @@ impl Zrecord {
         segments: Option<PyBuffer<i32>>,
         positions: Option<PyBuffer<i32>>,
         max_shards: Option<usize>,
+        first_record: Option<&Bound<'_, PyAny>>,
+        piece_rows: u64,
+        view: Option<PyBuffer<u64>>,
     ) -> PyResult<()> {
-        use zsampler::packing::{concat_parts, fill_segments, Part};
+        use zsampler::packing::{concat_parts, fill_segments, record_windows, Part};
         let store = self.get()?;
         let rows = rows.to_vec(py)?;
         let starts = slice(&starts, "starts")?;
-        let (order32, order64) = match PyBuffer::<u32>::get(order) {
-            Ok(b) => (Some(b), None),
-            Err(_) => (None, Some(PyBuffer::<u64>::get(order)?)),
-        };
-        let (o32, o64) = (
-            order32.as_ref().map(|b| slice(b, "order")).transpose()?,
-            order64.as_ref().map(|b| slice(b, "order")).transpose()?,
-        );
-        let docs = o32.map_or_else(|| o64.map_or(0, <[u64]>::len), <[u32]>::len);
+        let order = IndexBuffer::get(order, "order")?;
+        let (order, docs) = (order.values()?, order.len());
+        let first = first_record.map(|f| IndexBuffer::get(f, "first_record")).transpose()?;
+        let first = first.as_ref().map(IndexBuffer::values).transpose()?;
+        let view = view.as_ref().map(|v| slice(v, "view")).transpose()?;
+        if first.is_none() != (piece_rows == 0) {
+            return Err(crate::errors::bad_argument(
+                "first_record and piece_rows > 0 go together (documents in pieces)",
+            ));
+        }
         let tokens = rows.len() as u64 * seq_len;
         let bad = |m: String| crate::errors::bad_argument(m);
         if starts.len() != docs + 1 || !(1..=8).contains(&itemsize) || seq_len == 0 {
@@ -237,15 +245,30 @@ impl Zrecord {
         let shards = max_shards.unwrap_or(usize::MAX);
         detach(py, move || {
             let mut parts: Vec<Part> = Vec::with_capacity(rows.len() * 4);
-            let order = |k: usize| o32.map_or_else(|| o64.map_or(0, |o| o[k]), |o| u64::from(o[k]));
-            concat_parts(starts, order, seq_len, eos_id.is_some(), &rows, &mut parts);
+            concat_parts(starts, |k| order.get(k), seq_len, eos_id.is_some(), &rows, &mut parts);
             let size = itemsize as u64;
-            let (mut idx, mut from, mut len, mut to) = (vec![], vec![], vec![], vec![]);
-            for p in parts.iter().filter(|p| p.content > 0) {
-                idx.push(p.doc);
-                from.push(p.doc_pos * size);
-                len.push(p.content * size);
-                to.push(p.flat * size);
+            let windows = parts.len() + rows.len(); // a part spans few pieces
+            let mut idx = Vec::with_capacity(windows);
+            let mut from = Vec::with_capacity(windows);
+            let mut len = Vec::with_capacity(windows);
+            let mut to = Vec::with_capacity(windows);
+            // A document's first record, then the store's record of a view's record.
+            let first_of = |doc: u64| first.map_or(Some(doc), |f| f.try_get(doc));
+            let mut outside = None;
+            record_windows(&parts, first_of, piece_rows, |record, start, count, at| {
+                let stored = view.map_or(Some(record), |v| v.get(record as usize).copied());
+                outside = outside.or(stored.is_none().then_some(record));
+                idx.push(stored.unwrap_or(u64::MAX));
+                from.push(start * size);
+                len.push(count * size);
+                to.push(at * size);
+            })
+            .map_err(|doc| {
+                zrecord::Error::InvalidArgument(format!("document {doc} is not in the plan"))
+            })?;
+            if let Some(record) = outside {
+                let detail = format!("record {record} is outside the view");
+                return Err(zrecord::Error::InvalidArgument(detail));
             }
             store.gather_parts_at_most(&idx, &from, &len, dst, &to, shards)?;
             if let Some(eos) = eos_id {

@@ -84,8 +84,17 @@ impl Store {
             }
             let pieces = split_windows(&mut *dst, lens, dst_offsets)?;
             let mut groups = group_by_record(indices, starts, &locs, pieces);
-            let total: usize = groups.iter().map(|g| g.loc.logic_length as usize).sum();
             let sums = self.checked_reads();
+            // The work a group costs: its windows' bytes for a raw record read unchecked (a
+            // token row of a long document copies 1 KiB, not the document), else the record.
+            let cost = |g: &Group<'_>| {
+                if g.loc.codec == Codec::Raw as u8 && sums.is_none() {
+                    g.parts.iter().map(|p| p.dst.len()).sum()
+                } else {
+                    g.loc.logic_length as usize
+                }
+            };
+            let total: usize = groups.iter().map(cost).sum();
             run_sharded_at_most(&mut groups, total, max_shards, |block: &mut [Group<'_>]| {
                 let mut decoder = Decoder::new(self.dictionary());
                 let mut whole = Vec::new();
@@ -171,22 +180,29 @@ fn split_windows<'d>(
     Ok(pieces.into_iter().map(Option::unwrap_or_default).collect())
 }
 
-/// The parts grouped by record (in the order of the records' first parts), so that each record
-/// is read or decoded once.
+/// The parts grouped by record (in record order), so that each record is read or decoded once.
+/// A sort rather than a hash map: a batch has tens of parts, where hashing and the map's
+/// allocations cost more than the sort.
 fn group_by_record<'d>(
     indices: &[u64],
     starts: &[u64],
     locs: &[RecordLoc],
     pieces: Vec<&'d mut [u8]>,
 ) -> Vec<Group<'d>> {
-    let mut at: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    let mut order: Vec<(u64, usize)> = indices.iter().copied().zip(0..).collect();
+    order.sort_unstable();
+    let mut pieces: Vec<Option<&'d mut [u8]>> = pieces.into_iter().map(Some).collect();
     let mut groups: Vec<Group<'d>> = Vec::new();
-    for (i, dst) in pieces.into_iter().enumerate() {
-        let slot = *at.entry(indices[i]).or_insert_with(|| {
-            groups.push(Group { index: indices[i], loc: locs[i], parts: Vec::new() });
-            groups.len() - 1
-        });
-        groups[slot].parts.push(Part { start: starts[i], dst });
+    for (index, i) in order {
+        let dst = pieces[i].take().unwrap_or_default();
+        match groups.last_mut() {
+            Some(g) if g.index == index => g.parts.push(Part { start: starts[i], dst }),
+            _ => groups.push(Group {
+                index,
+                loc: locs[i],
+                parts: vec![Part { start: starts[i], dst }],
+            }),
+        }
     }
     groups
 }

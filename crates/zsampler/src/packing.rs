@@ -78,10 +78,44 @@ pub fn fill_segments(parts: &[Part], segments: &mut [i32], positions: &mut [i32]
     for p in parts {
         let at = p.flat as usize..(p.flat + p.length) as usize;
         segments[at.clone()].fill(p.segment);
-        for (t, pos) in positions[at].iter_mut().enumerate() {
-            *pos = (p.doc_pos + t as u64) as i32;
+        // A counting range zipped in, so that the loop vectorizes.
+        let values = p.doc_pos as i64..(p.doc_pos + p.length) as i64;
+        for (pos, value) in positions[at].iter_mut().zip(values) {
+            *pos = value as i32;
         }
     }
+}
+
+/// The stored windows holding the document tokens of `parts`, pushed in part order as
+/// `(record, first token in it, tokens, destination token)`. Document `doc` is stored from
+/// record `first_record(doc)` on: as that one record when `piece_rows` is 0, else as records of
+/// `piece_rows` tokens each but the last (a part may span several). `first_record` answers
+/// `None` for a document it does not know, which ends the walk with that document as the error.
+///
+/// # Errors
+/// The first document `first_record` does not know.
+pub fn record_windows(
+    parts: &[Part],
+    first_record: impl Fn(u64) -> Option<u64>,
+    piece_rows: u64,
+    mut push: impl FnMut(u64, u64, u64, u64),
+) -> Result<(), u64> {
+    for p in parts.iter().filter(|p| p.content > 0) {
+        let first = first_record(p.doc).ok_or(p.doc)?;
+        if piece_rows == 0 {
+            push(first, p.doc_pos, p.content, p.flat);
+            continue;
+        }
+        let (mut at, end, mut to) = (p.doc_pos, p.doc_pos + p.content, p.flat);
+        while at < end {
+            let (piece, offset) = (at / piece_rows, at % piece_rows);
+            let take = (piece_rows - offset).min(end - at);
+            push(first + piece, offset, take, to);
+            at += take;
+            to += take;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -134,5 +168,22 @@ mod tests {
         assert_eq!(seg, [1, 1, 1, 2, 1, 1, 1, 1]);
         assert_eq!(pos, [0, 1, 2, 0, 1, 2, 3, 4]);
         assert_eq!(parts.iter().map(|p| p.doc).collect::<Vec<_>>(), [0, 2, 2]);
+    }
+
+    #[test]
+    fn windows_follow_pieces_and_stop_at_an_unknown_document() {
+        // Document 7 in pieces of 4 tokens from record 20: tokens 2..11 span pieces 0, 1, 2.
+        let part = Part { doc: 7, doc_pos: 2, length: 10, content: 9, flat: 5, segment: 1 };
+        let mut seen = Vec::new();
+        let known = |d: u64| (d == 7).then_some(20);
+        record_windows(&[part], known, 4, |r, s, n, t| seen.push((r, s, n, t))).unwrap();
+        assert_eq!(seen, [(20, 2, 2, 5), (21, 0, 4, 7), (22, 0, 3, 11)]);
+        seen.clear();
+        record_windows(&[part], known, 0, |r, s, n, t| seen.push((r, s, n, t))).unwrap();
+        assert_eq!(seen, [(20, 2, 9, 5)], "whole records: one window a part");
+        let unknown = Part { doc: 8, ..part };
+        assert_eq!(record_windows(&[part, unknown], known, 4, |_, _, _, _| {}), Err(8));
+        let empty = Part { content: 0, ..unknown };
+        assert_eq!(record_windows(&[empty], known, 4, |_, _, _, _| {}), Ok(()), "nothing read");
     }
 }

@@ -9,6 +9,9 @@ they write (one loaderx store per column plus a manifest; see :mod:`loaderx.inta
 * :func:`from_image_folder` and :func:`from_webdataset` (:mod:`loaderx.intake.files`) --
   folders of images (a folder per class) and WebDataset tar shards, the files' bytes kept;
   :func:`export_image_folder` and :func:`export_webdataset` write them back.
+* :func:`from_token_stream` and :func:`split_documents` (:mod:`loaderx.intake.tokens`) -- a
+  flat token stream (a nanoGPT-style ``.bin``, a 1-D ``.npy``) cut into documents at the end
+  token, written for :func:`loaderx.pack`.
 * :class:`DirectoryWriter` -- the transaction every converter writes through.
 
 pyarrow is imported only when a table is converted.
@@ -33,9 +36,11 @@ from loaderx.intake.files import (
     from_webdataset,
 )
 from loaderx.intake.tables import from_arrow
+from loaderx.intake.tokens import from_token_stream, split_documents
 
 __all__ = [
     "Column", "DirectoryWriter", "Manifest", "RaggedBatch", "decode_strings",
     "from_arrow", "is_dataset_directory", "open_dataset", "read_manifest",
     "export_image_folder", "export_webdataset", "from_image_folder", "from_webdataset",
+    "from_token_stream", "split_documents",
 ]
