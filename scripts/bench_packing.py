@@ -147,8 +147,9 @@ def zstd_ceiling(stream: pathlib.Path, base: float) -> None:
           f"{BATCH} rows (one core) | best ratio to the baseline |")
     print("|---|---|---|---|")
     for piece in (1 << 10, 4 << 10, 16 << 10):
-        out = subprocess.run([exe, "-b3", f"-B{piece}", "-i2", str(stream)],
-                             capture_output=True, text=True).stderr
+        done = subprocess.run([exe, "-b3", f"-B{piece}", "-i2", str(stream)],
+                              capture_output=True, text=True)
+        out = done.stdout + done.stderr  # zstd -b reports on stdout when it is not a tty
         speeds = re.findall(r"([\d.]+) MB/s,\s+([\d.]+) MB/s", out)
         if not speeds:
             continue
