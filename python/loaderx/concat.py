@@ -32,6 +32,8 @@ from loaderx.dataset import (
     _dense_gather,
     _indices,
     _one_index,
+    _ragged_layout,
+    _ragged_views,
     _schema,
 )
 from loaderx.errors import DatasetError, LoaderxIndexError, LoaderxTypeError, LoaderxValueError
@@ -193,10 +195,9 @@ class ConcatDataset:
         (see :mod:`loaderx.source`)."""
         self._check(idxs)
         part, local = self._locate(idxs)
-        for k in np.unique(part):
-            ds = cast(DenseDataset, self._parts[int(k)])  # a dense view: every part is
-            here = np.flatnonzero(part == k)
-            if len(here) == len(idxs):  # the whole batch from one part
+        for k, here in _groups(part):
+            ds = cast(DenseDataset, self._parts[k])  # a dense view: every part is
+            if here is None:  # the whole batch from one part
                 ds.gather_rows(local, dst, shards, rows)
                 return
             into = here.astype(np.uint64) if rows is None else rows[here]
@@ -213,9 +214,10 @@ class ConcatDataset:
         self._check(idxs)
         part, local = self._locate(idxs)
         out = np.empty(len(idxs), dtype=np.uint64)
-        for k in np.unique(part):
-            ds = cast(RaggedDataset, self._parts[int(k)])  # a ragged view: every part is
-            here = np.flatnonzero(part == k)
+        for k, here in _groups(part):
+            ds = cast(RaggedDataset, self._parts[k])  # a ragged view: every part is
+            if here is None:
+                return ds.record_nbytes(local)
             out[here] = ds.record_nbytes(local[here])
         return out
 
@@ -224,22 +226,35 @@ class ConcatDataset:
         ``dst``, one native call per part (see :mod:`loaderx.source`)."""
         self._check(idxs)
         part, local = self._locate(idxs)
-        for k in np.unique(part):
-            ds = cast(RaggedDataset, self._parts[int(k)])
-            here = np.flatnonzero(part == k)
-            if len(here) == len(idxs):
+        for k, here in _groups(part):
+            ds = cast(RaggedDataset, self._parts[k])
+            if here is None:
                 ds.gather_at(local, dst, offsets)
                 return
             ds.gather_at(local[here], dst, offsets[here])
 
     def _ragged(self, idxs: np.ndarray) -> list[np.ndarray]:
-        part, local = self._locate(idxs)
-        out: list[Any] = [None] * len(idxs)
-        for k in np.unique(part):
-            rows = np.flatnonzero(part == k)
-            for r, rec in zip(rows, self._parts[int(k)][local[rows]], strict=True):
-                out[int(r)] = rec
-        return out
+        """The records as a ragged dataset reads them: lengths, one buffer, each part's
+        records gathered into their places, then one view per record."""
+        # Each part checks its records are whole rows (CorruptStoreError naming the record).
+        nbytes = self.record_nbytes(idxs) if len(idxs) else np.zeros(0, np.uint64)
+        offsets, total = _ragged_layout(nbytes)
+        buf = np.empty(total, dtype=np.uint8)
+        if len(idxs):
+            self.gather_at(idxs, buf, offsets)
+        return _ragged_views(buf, offsets, nbytes, self.dtype, self.item_shape)
+
+
+def _groups(part: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
+    """The batch positions of each part ``part`` names, in part order: ``[(k, None)]`` when
+    every position is of part ``k``; a stable sort, not a scan per part."""
+    if not len(part) or part[0] == part[-1] and (part == part[0]).all():
+        return [(int(part[0]), None)] if len(part) else []
+    order = np.argsort(part, kind="stable")
+    ends = np.flatnonzero(np.diff(part[order])) + 1
+    bounds = [0, *ends.tolist(), len(part)]
+    return [(int(part[order[a]]), order[a:b]) for a, b in zip(bounds[:-1], bounds[1:],
+                                                             strict=True)]
 
 
 def _reopen(parts: list[Any], verify_reads: bool) -> ConcatDataset:

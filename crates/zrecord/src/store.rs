@@ -126,6 +126,8 @@ pub struct Store {
     pub(crate) verify_reads: AtomicBool,
     /// The last gather or prefetch found records that were not in memory (`cold.rs`).
     pub(crate) recently_cold: AtomicBool,
+    /// Until when (`cold.rs`'s clock) warm gathers skip the cold-read probe.
+    pub(crate) warm_until_ns: AtomicU64,
 }
 
 impl Store {
@@ -191,6 +193,7 @@ impl Store {
             sums: OnceLock::new(),
             verify_reads: AtomicBool::new(false),
             recently_cold: AtomicBool::new(false),
+            warm_until_ns: AtomicU64::new(0),
             dict: OnceLock::new(),
             activity: Activity::default(),
             default_codec: options.codec,
