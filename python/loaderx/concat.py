@@ -26,6 +26,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from loaderx import _native
 from loaderx.dataset import (
     DenseDataset,
     RaggedDataset,
@@ -36,7 +37,13 @@ from loaderx.dataset import (
     _ragged_views,
     _schema,
 )
-from loaderx.errors import DatasetError, LoaderxIndexError, LoaderxTypeError, LoaderxValueError
+from loaderx.errors import (
+    CorruptStoreError,
+    DatasetError,
+    LoaderxIndexError,
+    LoaderxTypeError,
+    LoaderxValueError,
+)
 
 __all__ = ["ConcatDataset"]
 
@@ -84,6 +91,9 @@ class ConcatDataset:
         self._starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint64)
         self._len = int(self._starts[-1])
         self.record_bytes = first.record_bytes if isinstance(first, DenseDataset) else 0
+        # The parts' native handles: a batch over several parts is one native call
+        # (``_native.*_across``), each part's records read by its own store.
+        self._natives = [p._store._native for p in self._parts]
 
     # -- what the datasets share ------------------------------------------------------------------
 
@@ -137,8 +147,8 @@ class ConcatDataset:
     # -- reading ---------------------------------------------------------------------------------
 
     def _locate(self, idxs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each global index's part and index within it."""
-        part = np.searchsorted(self._starts, idxs, side="right") - 1
+        """Each global index's part (uint32) and index within it (uint64)."""
+        part = (np.searchsorted(self._starts, idxs, side="right") - 1).astype(np.uint32)
         return part, idxs - self._starts[part]
 
     def __getitem__(self, idx: Any) -> Any:
@@ -195,13 +205,11 @@ class ConcatDataset:
         (see :mod:`loaderx.source`)."""
         self._check(idxs)
         part, local = self._locate(idxs)
-        for k, here in _groups(part):
-            ds = cast(DenseDataset, self._parts[k])  # a dense view: every part is
-            if here is None:  # the whole batch from one part
-                ds.gather_rows(local, dst, shards, rows)
-                return
-            into = here.astype(np.uint64) if rows is None else rows[here]
-            ds.gather_rows(local[here], dst, shards, into)
+        if len(self._parts) == 1:
+            cast(DenseDataset, self._parts[0]).gather_rows(local, dst, shards, rows)
+            return
+        _native.gather_fixed_across(self._natives, part, local, dst, self.record_bytes, shards,
+                                    rows)
 
     def _check(self, idxs: np.ndarray) -> None:
         if int(idxs.max(initial=0)) >= self._len:
@@ -213,25 +221,27 @@ class ConcatDataset:
         :mod:`loaderx.source`)."""
         self._check(idxs)
         part, local = self._locate(idxs)
-        out = np.empty(len(idxs), dtype=np.uint64)
-        for k, here in _groups(part):
-            ds = cast(RaggedDataset, self._parts[k])  # a ragged view: every part is
-            if here is None:
-                return ds.record_nbytes(local)
-            out[here] = ds.record_nbytes(local[here])
-        return out
+        if len(self._parts) == 1:
+            return cast(RaggedDataset, self._parts[0]).record_nbytes(local)
+        nbytes = np.empty(len(idxs), dtype=np.uint32)
+        _native.lengths_across(self._natives, part, local, nbytes)
+        unit = self._parts[0]._schema.item_bytes
+        if unit and (nbytes % unit).any():
+            k = int(np.flatnonzero(nbytes % unit)[0])
+            bad = self._parts[int(part[k])]
+            raise CorruptStoreError(f"record {int(local[k])} of {bad.path} holds {nbytes[k]} "
+                                    f"bytes, not a whole number of {unit}-byte rows")
+        return nbytes.astype(np.uint64)
 
     def gather_at(self, idxs: np.ndarray, dst: np.ndarray, offsets: np.ndarray) -> None:
         """Ragged views: each part's records of the batch go straight to their offsets in
         ``dst``, one native call per part (see :mod:`loaderx.source`)."""
         self._check(idxs)
         part, local = self._locate(idxs)
-        for k, here in _groups(part):
-            ds = cast(RaggedDataset, self._parts[k])
-            if here is None:
-                ds.gather_at(local, dst, offsets)
-                return
-            ds.gather_at(local[here], dst, offsets[here])
+        if len(self._parts) == 1:
+            cast(RaggedDataset, self._parts[0]).gather_at(local, dst, offsets)
+            return
+        _native.gather_across(self._natives, part, local, dst, offsets)
 
     def _ragged(self, idxs: np.ndarray) -> list[np.ndarray]:
         """The records as a ragged dataset reads them: lengths, one buffer, each part's
@@ -243,18 +253,6 @@ class ConcatDataset:
         if len(idxs):
             self.gather_at(idxs, buf, offsets)
         return _ragged_views(buf, offsets, nbytes, self.dtype, self.item_shape)
-
-
-def _groups(part: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
-    """The batch positions of each part ``part`` names, in part order: ``[(k, None)]`` when
-    every position is of part ``k``; a stable sort, not a scan per part."""
-    if not len(part) or part[0] == part[-1] and (part == part[0]).all():
-        return [(int(part[0]), None)] if len(part) else []
-    order = np.argsort(part, kind="stable")
-    ends = np.flatnonzero(np.diff(part[order])) + 1
-    bounds = [0, *ends.tolist(), len(part)]
-    return [(int(part[order[a]]), order[a:b]) for a, b in zip(bounds[:-1], bounds[1:],
-                                                             strict=True)]
 
 
 def _reopen(parts: list[Any], verify_reads: bool) -> ConcatDataset:

@@ -12,6 +12,7 @@
 
 use pyo3::prelude::*;
 
+mod across;
 #[cfg(feature = "bench")]
 mod bench;
 mod buffers;
@@ -80,6 +81,7 @@ fn canonical_codec(name: &Bound<'_, PyAny>) -> PyResult<&'static str> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::Zrecord>()?;
     sampler::register(m)?;
+    across::register(m)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_codec, m)?)?;

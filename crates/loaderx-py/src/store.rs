@@ -38,6 +38,11 @@ impl Zrecord {
     fn get(&self) -> PyResult<Arc<Store>> {
         self.store.load_full().ok_or_else(crate::errors::closed)
     }
+
+    /// The engine's handle, for calls over several stores (`across.rs`).
+    pub(crate) fn handle(&self) -> PyResult<Arc<Store>> {
+        self.get()
+    }
 }
 
 #[pymethods]

@@ -20,6 +20,7 @@ compile_error!(
 );
 
 mod access;
+pub mod across;
 mod append;
 #[cfg(feature = "bench")]
 pub mod ceiling;
