@@ -138,25 +138,32 @@ def test_column_names_that_are_not_directory_names(tmp_path: pathlib.Path,
 
 
 def test_codec_where_it_pays(tmp_path: pathlib.Path) -> None:
+    """zstd where it pays: compressible records of 4 KiB and more; raw for records that do
+    not shrink, and for small ones (a frame's decoding costs more than its bytes); a codec
+    given for a column is used as it is."""
     rng = np.random.default_rng(0)
-    text = [(b"the same few words again and " * 8)[k:] for k in range(200)]
-    noise = [rng.bytes(300) for _ in range(200)]
+    text = [(b"the same few words again and " * 200)[k:] for k in range(200)]  # ~5.6 KiB
+    short = [(b"the same few words again and " * 8)[k:] for k in range(200)]   # ~200 B
+    noise = [rng.bytes(5000) for _ in range(200)]
     with DirectoryWriter(tmp_path / "ds") as w:
         w.add_column("text", "ragged", np.uint8)
+        w.add_column("short", "ragged", np.uint8)
         w.add_column("noise", "ragged", np.uint8)
         w.add_column("forced", "ragged", np.uint8, codec="zstd")
         w.add_column("small", "dense", np.int32, (4,), codec="zstd")
-        w.append({"text": text, "noise": noise, "forced": noise,
+        w.append({"text": text, "short": short, "noise": noise, "forced": short,
                   "small": np.zeros((200, 4), np.int32)})
     m = read_manifest(tmp_path / "ds")
     assert {c.name: c.codec for c in m.columns} == {
-        "text": "zstd", "noise": "raw", "forced": "zstd", "small": "zstd"}
+        "text": "zstd", "short": "raw", "noise": "raw", "forced": "zstd", "small": "zstd"}
     ds = open_dataset(tmp_path / "ds")
     assert [r.tobytes() for r in ds["noise"][np.arange(200)]] == noise
     assert [r.tobytes() for r in ds["text"][np.arange(200)]] == text
+    assert [r.tobytes() for r in ds["short"][np.arange(200)]] == short
+    assert [r.tobytes() for r in ds["forced"][np.arange(200)]] == short
     assert ds["text"].schema["codec"] == "zstd" and ds["noise"].schema["codec"] == "raw"
     assert sorted(os.listdir(tmp_path / "ds")) == sorted([MANIFEST_FILE, "forced", "noise",
-                                                          "small", "text"])  # no trial left
+                                                          "short", "small", "text"])  # no trial
 
 
 def test_zero_rows_and_one_row(tmp_path: pathlib.Path) -> None:

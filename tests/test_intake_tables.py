@@ -305,14 +305,17 @@ def test_bad_sources(tmp_path: pathlib.Path) -> None:
 
 def test_codecs(tmp_path: pathlib.Path) -> None:
     rng = np.random.default_rng(3)
-    table = pa.table({"text": ["a few words said again, " * 20] * 300,
-                      "noise": [rng.bytes(400) for _ in range(300)], "n": np.arange(300)})
+    # text: 4.8 KiB strings that compress; short: 480 B ones (raw: below 4 KiB, a frame's
+    # decoding costs more than its bytes); noise: 5 KiB that does not compress.
+    table = pa.table({"text": ["a few words said again, " * 200] * 300,
+                      "short": ["a few words said again, " * 20] * 300,
+                      "noise": [rng.bytes(5000) for _ in range(300)], "n": np.arange(300)})
     from_arrow(tmp_path / "auto", table)
     assert {c.name: c.codec for c in read_manifest(tmp_path / "auto").columns} == {
-        "text": "zstd", "noise": "raw", "n": "raw"}
-    from_arrow(tmp_path / "exact", table, codec={"noise": "zstd", "n": "zstd"})
+        "text": "zstd", "short": "raw", "noise": "raw", "n": "raw"}
+    from_arrow(tmp_path / "exact", table, codec={"short": "zstd", "noise": "zstd", "n": "zstd"})
     assert {c.name: c.codec for c in read_manifest(tmp_path / "exact").columns} == {
-        "text": "zstd", "noise": "zstd", "n": "zstd"}
+        "text": "zstd", "short": "zstd", "noise": "zstd", "n": "zstd"}
     from_arrow(tmp_path / "raw", table, codec="raw")
     assert {c.codec for c in read_manifest(tmp_path / "raw").columns} == {"raw"}
     for name in ("auto", "exact", "raw"):

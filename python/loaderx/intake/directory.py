@@ -64,9 +64,14 @@ Codecs: a column declared without a codec of its own gets the writer's, zstd by 
 *where it pays*: dense columns of records of at most :data:`RAW_RECORD_BYTES` bytes (scalars,
 small vectors) are stored raw, since a zstd frame's own header is about as large as such a
 record; and before the first rows are written, up to :data:`SAMPLE_RECORDS` records of the
-batch, spread over it, are compressed as a trial, and a column they shrink by less than
-:data:`MIN_SAVING` (JPEG bytes, random-looking floats) is stored raw -- zstd costs several
-microseconds per record, reading a raw record costs nothing, and it would save almost no space.
+batch, spread over it, are looked at: a column whose records average under
+:data:`loaderx.converter.AUTO_RAW_BELOW` bytes (4 KiB: short strings, token rows, small
+vectors) is stored raw, as ``from_numpy(codec="auto")`` does -- decoding a zstd frame costs
+4-15 µs a record at those sizes, against a fraction of a microsecond to copy it, and it slowed
+the conversion of 600-byte strings to a fifth of the raw speed -- and a column the trial
+compression of the sample shrinks by less than :data:`MIN_SAVING` (JPEG bytes, random-looking
+floats) is stored raw too: it would save almost no space. ``codec={column: "zstd"}`` compresses
+a column whatever its records.
 A codec given for a column (``add_column(codec=...)``) is used as it is. The manifest records
 each column's codec.
 """
@@ -88,6 +93,7 @@ import numpy as np
 
 from loaderx import _native, _schema, staging
 from loaderx.concat import ConcatDataset
+from loaderx.converter import AUTO_RAW_BELOW
 from loaderx.dataset import DenseDataset, RaggedDataset
 from loaderx.errors import (
     CorruptStoreError,
@@ -675,6 +681,9 @@ class DirectoryWriter:
         sizes = (bounds[picks + 1] - bounds[picks]).astype(np.uint64)
         if not int(sizes.sum()):
             return
+        if int(sizes.sum()) < AUTO_RAW_BELOW * len(picks):  # small records: raw (see above)
+            self._store_raw(w)
+            return
         sample = np.concatenate([blob[int(bounds[i]):int(bounds[i + 1])] for i in picks])
         offsets = np.zeros(len(picks), np.uint64)
         np.cumsum(sizes[:-1], out=offsets[1:])
@@ -686,10 +695,14 @@ class DirectoryWriter:
         finally:
             shutil.rmtree(trial, ignore_errors=True)  # inside our private directory
         if stored > (1 - MIN_SAVING) * int(sizes.sum()):
-            col = w.column
-            w.codec = "raw"
-            w.column = Column(col.name, col.store, col.kind, col.dtype, col.item_shape, "raw",
-                              col.extra)
+            self._store_raw(w)
+
+    @staticmethod
+    def _store_raw(w: _ColumnWriter) -> None:
+        col = w.column
+        w.codec = "raw"
+        w.column = Column(col.name, col.store, col.kind, col.dtype, col.item_shape, "raw",
+                          col.extra)
 
     # -- parts -------------------------------------------------------------------------------
 
