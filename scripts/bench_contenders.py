@@ -261,9 +261,18 @@ def main(repeats: int = 5, rows: int = ROWS) -> None:
                 shutil.rmtree(dst + ".cache", ignore_errors=True)
         rng = np.random.default_rng(1)
         batches = [np.sort(rng.choice(rows, BATCH, replace=False)) for _ in range(64)]
+        # The copy ceiling: the same rows fancy-indexed out of an array already in RAM, what
+        # no reader of the same bytes can beat (it must at least copy them).
+        import pyarrow.parquet as pq
+        table = pq.read_table(src)
+        in_ram = {"x": table.column("x").combine_chunks().flatten().to_numpy()
+                  .reshape(-1, DIM),
+                  "label": table.column("label").to_numpy()}
+        del table
         for column in ("x", "label"):
             opened = {name: opener(os.path.join(tmp, f"{name}0"), column)
                       for name, _, opener, _ in readers}
+            opened["copy"] = lambda idx, a=in_ram[column]: a[idx]
             expect = np.asarray(opened["loaderx"](batches[0]))
             for read in opened.values():  # warm: a few batches each before any clock
                 for b in batches[:3]:
@@ -300,6 +309,17 @@ def main(repeats: int = 5, rows: int = ROWS) -> None:
             cells += [f"{rate:,.1f}", "1.00x" if name == "loaderx" else f"{ratio:,.1f}x"]
         print(f"| {name} | `{api}` | {' | '.join(cells)} | "
               f"{'' if name == 'loaderx' else _verdict(worst, target)} |")
+    ceiling = {c: m(rates[("copy", c)]) for c in ("x", "label")}
+    print(f"| copy ceiling | `in_ram[indices]` (NumPy, the rows already in memory) | "
+          f"{ceiling['x']:,.1f} | {m(rates[('loaderx', 'x')]) / ceiling['x']:.2f}x | "
+          f"{ceiling['label']:,.1f} | {m(rates[('loaderx', 'label')]) / ceiling['label']:.2f}x "
+          "| (loaderx's rate / the ceiling's) |")
+    for name, _, _, target in readers:
+        if name == "loaderx" or target is None:
+            continue
+        best = min(ceiling[c] / m(rates[(name, c)]) for c in ("x", "label"))
+        print(f"\nThe most any reader of these rows can beat {name} by: {best:,.1f}x "
+              f"(the copy ceiling's rate over {name}'s, the worse column); target {target:g}x")
     if missing:
         print(f"\nNot installed, skipped: {', '.join(missing)}.")
 
