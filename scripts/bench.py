@@ -25,7 +25,7 @@ LAYERS = {"sampler": "bench_sampler", "store": "bench_store", "loader": "bench_l
 # The cold rows of a layer: bench_cold's function that prints them.
 COLD = {"store": "main", "loader": "loader_main"}
 # More rows of a layer, from modules of their own (main(repeats=...) prints them).
-MORE = {"loader": ("bench_packing", "bench_workers", "bench_fixed"),
+MORE = {"loader": ("bench_packing", "bench_workers", "bench_fixed", "bench_contender_loaders"),
         "store": ("bench_parts", "bench_intake", "bench_contenders")}
 
 
