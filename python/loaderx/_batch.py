@@ -178,9 +178,12 @@ class Builder:
         only then, so a cached store pays nothing for it. Never raises: a closed or broken
         stream is the batch's gather to report."""
         try:
-            return any(s.ds.recently_cold for s in self.streams)
+            for s in self.streams:  # a loop, not any() of a generator: asked every step
+                if s.ds.recently_cold:
+                    return True
         except Exception:
             return False
+        return False
 
     def read_ahead(self, steps: range, last: int | None) -> None:
         """Asks every stream to start reading the records of ``steps`` below ``last`` (None:
@@ -204,14 +207,17 @@ class EndlessRows:
         self.sampler = sampler
         self.positions = positions
         self.refusal = refusal
-        # The shard's rows are contiguous: a slice of the sampler's batch, not a gather of it.
+        # The shard's rows are contiguous: a slice of the sampler's batch, not a gather of it
+        # (none at all for the whole batch).
         self.first, self.last = ((int(positions[0]), int(positions[-1]) + 1) if len(positions)
                                  else (0, 0))
+        self.whole = sampler is not None and (self.first, self.last) == (0, sampler.batch_size)
 
     def __call__(self, step: int) -> Rows:
         if self.sampler is None:
             raise LoaderxValueError(self.refusal)
-        return Rows(self.positions, self.sampler.batch(step)[self.first:self.last], None)
+        batch = self.sampler.batch(step)
+        return Rows(self.positions, batch if self.whole else batch[self.first:self.last], None)
 
 
 class PassRows:

@@ -17,7 +17,24 @@ from typing import Any
 from loaderx._batch import Failure
 from loaderx.errors import LoaderClosedError
 
-__all__ = ["Window"]
+__all__ = ["Window", "same_process"]
+
+#: Forks survived by this process's line: a child's count is one more than its parent's, so a
+#: pipeline knows it was made in another process by one integer compare (os.getpid() is a
+#: system call, and the consumer asks on every step).
+_forks = [0]
+
+
+def _after_fork_in_child() -> None:
+    _forks[0] += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def same_process(born: int) -> bool:
+    """Whether the process that recorded ``born`` (``_forks[0]`` then) is this one."""
+    return born == _forks[0]
 
 
 class Window:
@@ -39,6 +56,7 @@ class Window:
         self.generation = 0             # bumped by seek, so stale work is dropped
         self.closed = False
         self.pid = os.getpid()
+        self.born = _forks[0]           # see same_process
 
     @property
     def step(self) -> int:
@@ -62,7 +80,7 @@ class Window:
     def take(self) -> Any:
         """The batch of the consumer's step, once it is ready; a worker's failure is raised
         here, at its step, and closes the pipeline."""
-        if self.pid != os.getpid():
+        if not same_process(self.born):
             raise LoaderClosedError(self.forked_message)
         taken = False
         try:

@@ -137,7 +137,7 @@ import numpy as np
 
 from loaderx._batch import Builder, ContextMaker, EndlessRows, Failure, Job, PassRows
 from loaderx._recycle import BufferPool, GrowingPool
-from loaderx._window import Window
+from loaderx._window import Window, same_process
 from loaderx.errors import LoaderClosedError, LoaderxTypeError, LoaderxValueError
 from loaderx.sampler import (
     _MAX_BATCH,
@@ -752,7 +752,7 @@ class _Pipeline(Window):
     # -- consumer side -------------------------------------------------------------------------
 
     def next(self) -> Any:
-        if self.workers == 0 and self.pid == os.getpid():
+        if self.workers == 0 and same_process(self.born):
             return self._next_in_process()
         return self.take()
 

@@ -174,7 +174,8 @@ class Sampler:
 
     def batch(self, step: int) -> np.ndarray:
         """The batch at ``step`` as a new uint64 array, without moving the sampler."""
-        step = _u64(step, "step", 0)
+        if type(step) is not int or not 0 <= step < _U64_LIMIT:  # the loader's ints pass as is
+            step = _u64(step, "step", 0)
         out = np.empty(self._batch_size, _UINT64)
         self._fill(step, out)
         return out

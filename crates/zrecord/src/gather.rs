@@ -71,22 +71,20 @@ impl Store {
         let _guard = self.activity.shared("gather")?;
         let dst_rows = check_rows(indices.len(), rows, dst.len(), record_len)?;
         self.consistent_read(|| {
-            let locs = self.entries(indices)?;
-            if let Some((&index, loc)) =
-                indices.iter().zip(&locs).find(|(_, loc)| loc.logic_length as usize != record_len)
-            {
-                return Err(self.wrong_length(index, loc, record_len));
+            let len = self.len();
+            if let Some(&index) = indices.iter().find(|&&index| index >= len) {
+                return Err(Error::IndexOutOfRange { index, len });
             }
-            if record_len == 0 {
-                return Ok(());
-            }
-            let records = indices.iter().zip(locs);
+            // The table entries go straight into the slots (no vector of their own); every
+            // length is checked before any byte is written.
+            let records = indices.iter().map(|&index| (index, self.meta.entry(index)));
             let mut slots: Vec<Slot<'_>> = match rows {
                 // Every row in order (a dataset's own batch): no row filter to run per record.
+                _ if record_len == 0 => Vec::new(),
                 None => dst
                     .chunks_exact_mut(record_len)
                     .zip(records)
-                    .map(|(dst, (&index, loc))| Slot { index, loc, dst })
+                    .map(|(dst, (index, loc))| Slot { index, loc, dst })
                     .collect(),
                 Some(rows) => {
                     let mut wanted = rows.iter().copied().peekable();
@@ -95,10 +93,20 @@ impl Store {
                         .filter(|&(row, _)| wanted.next_if_eq(&(row as u64)).is_some())
                         .map(|(_, d)| d)
                         .zip(records)
-                        .map(|(dst, (&index, loc))| Slot { index, loc, dst })
+                        .map(|(dst, (index, loc))| Slot { index, loc, dst })
                         .collect()
                 }
             };
+            if record_len == 0 {
+                // No slot to hold the entries: each is read for its length alone.
+                return match indices.iter().find(|&&i| self.meta.entry(i).logic_length != 0) {
+                    Some(&index) => Err(self.wrong_length(index, &self.meta.entry(index), 0)),
+                    None => Ok(()),
+                };
+            }
+            if let Some(s) = slots.iter().find(|s| s.loc.logic_length as usize != record_len) {
+                return Err(self.wrong_length(s.index, &s.loc, record_len));
+            }
             debug_assert_eq!(slots.len(), dst_rows);
             self.read_slots(&mut slots, max_shards)
         })
