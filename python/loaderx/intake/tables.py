@@ -121,8 +121,9 @@ def from_arrow(
     ``"zstd_dict"``) is every column's; ``"zstd"`` compresses where it pays -- columns whose
     first records average under 4 KiB (short strings, scalars, small vectors: decoding a frame
     costs more than copying such a record) and those a trial on their first records shrinks by
-    less than 10% are stored raw (see :mod:`loaderx.intake.directory`). A dict ``{column: codec}`` sets
-    the codec of the columns it names exactly (the others get ``"zstd"``). ``overwrite=True``
+    less than 10% are stored raw (see :mod:`loaderx.intake.directory`). A dict
+    ``{column: codec}`` sets the codec of the columns it names exactly (the others get
+    ``"zstd"``). ``overwrite=True``
     replaces a dataset at ``dst``. ``chunk_bytes`` bounds the decoded bytes of one append
     (and so the memory used: a few times that, plus pyarrow's own). ``progress`` and
     ``checksums`` are as in :func:`loaderx.from_numpy`. See the module docstring for sources
