@@ -321,7 +321,15 @@ def loader_run(repeats: int = 3) -> list[dict]:
             ceil_ms.append(min(best) * 1e3)
         ceiling = 1e3 / statistics.median(ceil_ms)
         out = [{"loader": "pread ceiling (one batch at a time)", "bps": ceiling}]
-        for readahead, label in ((None, "loaderx, readahead on (default)"),
+        # The device's own random-read rate on the store's largest chunk file (fio, O_DIRECT,
+        # queue depth 128), as batches of 256 records per second.
+        chunk = max(store_files(paths["raw"]), key=os.path.getsize)
+        device = fio(chunk, size)
+        if device is not None:
+            out.append({"loader": "fio randread 12 KiB, O_DIRECT, QD128 (the device)",
+                        "bps": device * 2**20 / (BATCH * size), "fio": True})
+        for readahead, label in ((None, "loaderx, readahead on (default: 6 steps)"),
+                                 (16, "loaderx, readahead=16"), (32, "loaderx, readahead=32"),
                                  (0, "loaderx, readahead=0")):
             bps = []
             for _ in range(repeats):
@@ -338,8 +346,10 @@ def loader_run(repeats: int = 3) -> list[dict]:
                 bps.append(json.loads(r.stdout))
             if bps:
                 out.append({"loader": label, "bps": statistics.median(bps)})
+        fio_bps = next((x["bps"] for x in out if x.get("fio")), None)
         for x in out:
             x["vs_ceiling"] = x["bps"] / ceiling
+            x["vs_fio"] = x["bps"] / fio_bps if fio_bps else None
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -349,10 +359,13 @@ def loader_table(rows: list[dict]) -> str:
     if not rows:
         return "\n(cold loader rows skipped: no memory cgroup can be made here)"
     lines = ["\nDataLoader over a 1 GiB dataset of 12 KiB records in a process whose memory cgroup "
-             "allows 512 MiB (batch 256, 4 workers, 150 steps):\n",
-             "| loader | batches/s | vs pread ceiling |", "|---|---|---|"]
+             "allows 512 MiB (batch 256, the default num_workers: min(4, cores) threads, "
+             "150 steps):\n",
+             "| loader | batches/s | MiB/s | vs pread ceiling | vs fio |", "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['loader']} | {r['bps']:.1f} | {r['vs_ceiling']:.2f}x |")
+        fio_ratio = f"{r['vs_fio']:.2f}x" if r.get("vs_fio") else "(fio not installed)"
+        lines.append(f"| {r['loader']} | {r['bps']:.1f} | {r['bps'] * BATCH * 12 / 1024:,.0f} | "
+                     f"{r['vs_ceiling']:.2f}x | {fio_ratio} |")
     return "\n".join(lines)
 
 
