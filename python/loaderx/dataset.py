@@ -168,7 +168,7 @@ class _StoreView:
     @property
     def recently_cold(self) -> bool:
         """Whether the last read found records that were not in memory."""
-        return self._store.recently_cold
+        return self._store._native.recently_cold  # the loader asks every step: no wrapper hop
 
     def close(self) -> None:
         """Closes the store handle; closing twice is harmless."""
