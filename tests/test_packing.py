@@ -662,11 +662,13 @@ def test_a_spawned_worker_process_reads_the_same_rows(tmp_path):
 @pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.int32])
 @pytest.mark.parametrize("eos", [None, 7])
 @pytest.mark.parametrize("layout", ["whole", "pieces", "subset", "pieces-subset"])
-def test_the_native_concat_rows_equal_the_numpy_reference(tmp_path, dtype, eos, layout):
-    """One native call (Zrecord.pack_concat) plans, gathers and fills segment ids and positions
-    for concat over one store -- documents whole or in pieces, the store or a subset of whole
-    documents; the NumPy path is its reference, on the same random rows (empty documents,
-    documents longer than a row and than a piece, and the end token included)."""
+@pytest.mark.parametrize("method", METHODS)
+def test_the_native_rows_equal_the_numpy_reference(tmp_path, dtype, eos, layout, method):
+    """One native call (_native.pack_concat / pack_first_fit) plans, gathers and fills segment
+    ids and positions for packing over one store -- documents whole or in pieces, the store or
+    a subset of whole documents; the NumPy path is its reference, on the same random rows
+    (empty documents, documents longer than a row and than a piece, truncated ones, padding
+    and the end token included)."""
     rng = np.random.default_rng(11)
     docs = [rng.integers(8, 1000, n).astype(dtype) for n in rng.integers(0, 300, 120)]
     piece = 40 * np.dtype(dtype).itemsize if "pieces" in layout else None
@@ -678,8 +680,8 @@ def test_the_native_concat_rows_equal_the_numpy_reference(tmp_path, dtype, eos, 
         ends = lengths != (piece or 0)  # bytes: a full piece is continued
         doc_of = np.concatenate([[0], np.cumsum(ends)[:-1]])
         source = loaderx.Subset(source, np.flatnonzero(doc_of % 2 == 0))
-    fast = loaderx.pack(source, 37, eos_id=eos, seed=3)
-    slow = loaderx.pack(source, 37, eos_id=eos, seed=3)
+    fast = loaderx.pack(source, 37, method=method, eos_id=eos, pad_id=5, seed=3)
+    slow = loaderx.pack(source, 37, method=method, eos_id=eos, pad_id=5, seed=3)
     assert fast._native is not None
     slow._native = None
     rows = rng.integers(0, len(fast), 64).astype(np.uint64)

@@ -8,7 +8,8 @@ from numpy.typing import NDArray
 
 __all__ = ["Zrecord", "Sampler", "set_num_threads", "num_threads", "canonical_codec",
            "replace_file", "rename_noreplace", "rename_exchange",
-           "begin_exit", "gather_fixed_across", "gather_across", "lengths_across", "CODECS",
+           "begin_exit", "gather_fixed_across", "gather_across", "lengths_across",
+           "pack_concat", "pack_first_fit", "CODECS",
            "FORMAT_VERSION", "MAX_RECORDS", "MAX_RECORD_BYTES",
            "copy_records", "pread_records", "engine_errors"]
 
@@ -30,6 +31,15 @@ def gather_fixed_across(stores: list[Zrecord], parts: Any, idxs: Any, dst: Any,
 def gather_across(stores: list[Zrecord], parts: Any, idxs: Any, dst: Any,
                   offsets: Any) -> None: ...
 def lengths_across(stores: list[Zrecord], parts: Any, idxs: Any, out: Any) -> None: ...
+def pack_concat(store: Zrecord, starts: Any, order: Any, rows: Any, seq_len: int,
+                eos_id: int | None, itemsize: int, dst: Any, segments: Any, positions: Any,
+                max_shards: int | None = None, first_record: Any = None, piece_rows: int = 0,
+                view: Any = None) -> None: ...
+def pack_first_fit(store: Zrecord, row_ptr: Any, row_docs: Any, sizes: Any, rows: Any,
+                   seq_len: int, eos_id: int | None, pad_id: int, itemsize: int, dst: Any,
+                   segments: Any, positions: Any, max_shards: int | None = None,
+                   first_record: Any = None, piece_rows: int = 0,
+                   view: Any = None) -> None: ...
 
 # Benchmark ceilings: only in builds with the `bench` cargo feature (scripts/env.sh makes one;
 # wheels have none).
@@ -76,10 +86,6 @@ class Zrecord:
     def enable_checksums(self) -> int: ...
     def gather_parts(self, idxs: Any, starts: Any, lens: Any, dst: Any, offsets: Any,
                      max_shards: int | None = None) -> None: ...
-    def pack_concat(self, starts: Any, order: Any, rows: Any, seq_len: int, eos_id: int | None,
-                    itemsize: int, dst: Any, segments: Any = None, positions: Any = None,
-                    max_shards: int | None = None, first_record: Any = None,
-                    piece_rows: int = 0, view: Any = None) -> None: ...
     def verify(self, max_listed: int = 1000) -> dict[str, Any]: ...
     def lock_for_writing(self) -> None: ...
     def retire(self) -> None: ...

@@ -63,6 +63,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from loaderx import _native
 from loaderx._pack_plan import ConcatPlan, FirstFitPlan, Parts, _ranges
 from loaderx._recycle import aligned_empty
 from loaderx.dataset import RaggedDataset, _dense_gather, _indices, _one_index
@@ -318,11 +319,10 @@ class PackedDataset:
         self._aranges: dict[int, np.ndarray] = {}
         self._gather_parts = all(hasattr(p.store._native, "gather_parts")
                                  for p in layout.parts)
-        # Concat over one store -- whole records or pieces, the whole store or a subset -- has
-        # a native form that plans, gathers and fills segment ids and positions in one call.
-        native = layout.parts[0].store._native
-        self._native = (native if method == "concat" and len(layout.parts) == 1
-                        and hasattr(native, "pack_concat") else None)
+        # Packing over one store -- whole records or pieces, the whole store or a subset --
+        # has a native form that plans, gathers and fills segment ids and positions in one call.
+        self._native = (layout.parts[0].store._native if len(layout.parts) == 1
+                        and hasattr(_native, "pack_concat") else None)
         self._view_records = (None if layout.indices is None else
                               np.ascontiguousarray(layout.indices, dtype=np.uint64))
         first = documents.first_record
@@ -454,10 +454,11 @@ class PackedDataset:
 
     def _gather_native(self, idxs: npt.NDArray[np.uint64], dst: npt.NDArray[np.uint8],
                        shards: int | None) -> None:
-        """:meth:`gather_rows` in one native call (``Zrecord.pack_concat``), which also fills
-        the segment ids and positions, kept for the :meth:`companions` call that follows."""
-        plan, native = self._plan, self._native
-        assert isinstance(plan, ConcatPlan) and native is not None
+        """:meth:`gather_rows` in one native call (``_native.pack_concat`` or
+        ``pack_first_fit``), which also fills the segment ids and positions, kept for the
+        :meth:`companions` call that follows."""
+        plan, store = self._plan, self._native
+        assert store is not None
         rows = self._row_indices(idxs)
         if len(rows) and int(rows.max()) >= len(self):
             bad = int(rows[rows >= len(self)][0])
@@ -466,9 +467,15 @@ class PackedDataset:
         pos = np.empty((len(rows), self._seq_len), np.int32)
         pieces = self._documents
         first = self._first_record if self._first_record is not None else pieces.first_record
-        native.pack_concat(plan.starts, plan.order, rows, self._seq_len, self._eos,
-                           self._dtype.itemsize, dst, seg.reshape(-1), pos.reshape(-1), shards,
-                           first, pieces.piece_rows, self._view_records)
+        layout = (first, pieces.piece_rows, self._view_records)
+        size = self._dtype.itemsize
+        if isinstance(plan, ConcatPlan):
+            _native.pack_concat(store, plan.starts, plan.order, rows, self._seq_len, self._eos,
+                                size, dst, seg.reshape(-1), pos.reshape(-1), shards, *layout)
+        else:
+            _native.pack_first_fit(store, plan.row_ptr, plan.row_docs, plan.sizes, rows,
+                                   self._seq_len, self._eos, self._pad, size, dst,
+                                   seg.reshape(-1), pos.reshape(-1), shards, *layout)
         cache = self._cache
         cache.segments_key, cache.segments = rows.tobytes(), (seg, pos)
 

@@ -67,8 +67,9 @@ pub fn writable_bytes(obj: &Bound<'_, PyAny>) -> Option<PyBuffer<u8>> {
     (!buf.readonly() && buf.is_c_contiguous()).then_some(buf)
 }
 
-/// A buffer of uint32 or uint64 indices (a plan keeps 4 bytes an entry while it can).
+/// A buffer of uint16, uint32 or uint64 values (a plan keeps its entries as small as they fit).
 pub enum IndexBuffer {
+    U16(PyBuffer<u16>),
     U32(PyBuffer<u32>),
     U64(PyBuffer<u64>),
 }
@@ -76,23 +77,28 @@ pub enum IndexBuffer {
 /// The values of an [`IndexBuffer`], borrowed.
 #[derive(Clone, Copy)]
 pub enum Indices<'b> {
+    U16(&'b [u16]),
     U32(&'b [u32]),
     U64(&'b [u64]),
 }
 
 impl IndexBuffer {
-    /// `obj` as uint32 or uint64 indices; anything else is refused naming `what`.
+    /// `obj` as uint16, uint32 or uint64 values; anything else is refused naming `what`.
     pub fn get(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
         if let Ok(b) = PyBuffer::<u32>::get(obj) {
             return Ok(IndexBuffer::U32(b));
         }
+        if let Ok(b) = PyBuffer::<u16>::get(obj) {
+            return Ok(IndexBuffer::U16(b));
+        }
         PyBuffer::<u64>::get(obj).map(IndexBuffer::U64).map_err(|_| {
-            crate::errors::bad_argument(format!("{what} must be a uint32 or uint64 array"))
+            crate::errors::bad_argument(format!("{what} must be a uint16, uint32 or uint64 array"))
         })
     }
 
     pub fn len(&self) -> usize {
         match self {
+            IndexBuffer::U16(b) => b.item_count(),
             IndexBuffer::U32(b) => b.item_count(),
             IndexBuffer::U64(b) => b.item_count(),
         }
@@ -100,6 +106,7 @@ impl IndexBuffer {
 
     pub fn values(&self) -> PyResult<Indices<'_>> {
         Ok(match self {
+            IndexBuffer::U16(b) => Indices::U16(slice(b, "indices")?),
             IndexBuffer::U32(b) => Indices::U32(slice(b, "indices")?),
             IndexBuffer::U64(b) => Indices::U64(slice(b, "indices")?),
         })
@@ -110,6 +117,7 @@ impl Indices<'_> {
     /// Entry `k` (the caller checked that `k` is in range).
     pub fn get(self, k: usize) -> u64 {
         match self {
+            Indices::U16(v) => u64::from(v[k]),
             Indices::U32(v) => u64::from(v[k]),
             Indices::U64(v) => v[k],
         }
@@ -119,6 +127,7 @@ impl Indices<'_> {
     pub fn try_get(self, k: u64) -> Option<u64> {
         let k = usize::try_from(k).ok()?;
         match self {
+            Indices::U16(v) => v.get(k).map(|&x| u64::from(x)),
             Indices::U32(v) => v.get(k).map(|&x| u64::from(x)),
             Indices::U64(v) => v.get(k).copied(),
         }

@@ -18,6 +18,7 @@ mod bench;
 mod buffers;
 mod errors;
 mod exit;
+mod packed;
 mod sampler;
 mod store;
 #[cfg(feature = "testing")]
@@ -82,6 +83,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::Zrecord>()?;
     sampler::register(m)?;
     across::register(m)?;
+    packed::register(m)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_codec, m)?)?;

@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use zrecord::{Codec, Options, Store};
 
-use crate::buffers::{slice, slice_mut, u64_values, writable_bytes, IndexBuffer};
+use crate::buffers::{slice, slice_mut, u64_values, writable_bytes};
 use crate::errors::IntoPyResult;
 use crate::exit::detach;
 
@@ -177,118 +177,6 @@ impl Zrecord {
         let dst = slice_mut(&dst, "destination")?;
         let shards = max_shards.unwrap_or(usize::MAX);
         detach(py, || store.gather_parts_at_most(&idxs, &starts, &lens, dst, &offsets, shards)).py()
-    }
-
-    /// The rows `rows` of a concatenation plan over this store's records (record `order[k]` is
-    /// the `k`-th document of the stream, starting at token `starts[k]`), in one call: the
-    /// documents' windows gathered into `dst` (`rows.len() * seq_len` tokens of `itemsize`
-    /// bytes), the end token `eos_id` written where a document ends, and, when given, the
-    /// segment ids and positions of every token (`zsampler::packing`). The plan's arrays are
-    /// borrowed, never copied.
-    ///
-    /// Documents stored in pieces (`piece_rows` > 0 tokens each but the last) start at record
-    /// `first_record[doc]`; a subset's records are `view[record]` of the store.
-    #[pyo3(signature = (starts, order, rows, seq_len, eos_id, itemsize, dst, segments=None,
-                        positions=None, max_shards=None, first_record=None, piece_rows=0,
-                        view=None))]
-    #[allow(clippy::too_many_arguments, reason = "one batch of a packed view, as Python holds it")]
-    fn pack_concat(
-        &self,
-        py: Python<'_>,
-        starts: PyBuffer<i64>,
-        order: &Bound<'_, PyAny>,
-        rows: PyBuffer<u64>,
-        seq_len: u64,
-        eos_id: Option<u64>,
-        itemsize: usize,
-        dst: PyBuffer<u8>,
-        segments: Option<PyBuffer<i32>>,
-        positions: Option<PyBuffer<i32>>,
-        max_shards: Option<usize>,
-        first_record: Option<&Bound<'_, PyAny>>,
-        piece_rows: u64,
-        view: Option<PyBuffer<u64>>,
-    ) -> PyResult<()> {
-        use zsampler::packing::{concat_parts, fill_segments, record_windows, Part};
-        let store = self.get()?;
-        let rows = rows.to_vec(py)?;
-        let starts = slice(&starts, "starts")?;
-        let order = IndexBuffer::get(order, "order")?;
-        let (order, docs) = (order.values()?, order.len());
-        let first = first_record.map(|f| IndexBuffer::get(f, "first_record")).transpose()?;
-        let first = first.as_ref().map(IndexBuffer::values).transpose()?;
-        let view = view.as_ref().map(|v| slice(v, "view")).transpose()?;
-        if first.is_none() != (piece_rows == 0) {
-            return Err(crate::errors::bad_argument(
-                "first_record and piece_rows > 0 go together (documents in pieces)",
-            ));
-        }
-        let tokens = rows.len() as u64 * seq_len;
-        let bad = |m: String| crate::errors::bad_argument(m);
-        if starts.len() != docs + 1 || !(1..=8).contains(&itemsize) || seq_len == 0 {
-            return Err(bad(format!(
-                "a plan of {docs} documents needs {} starts (got {}), itemsize 1..8, seq_len > 0",
-                docs + 1,
-                starts.len()
-            )));
-        }
-        let total = starts.last().copied().unwrap_or(0).max(0).cast_unsigned();
-        if let Some(&r) = rows.iter().find(|&&r| r >= total / seq_len) {
-            return Err(bad(format!("row {r} is past the plan's {} rows", total / seq_len)));
-        }
-        let dst = slice_mut(&dst, "destination")?;
-        let (seg, pos) = (segments.as_ref(), positions.as_ref());
-        let seg = seg.map(|b| slice_mut(b, "segments")).transpose()?;
-        let pos = pos.map(|b| slice_mut(b, "positions")).transpose()?;
-        let short = |n: usize| n < tokens as usize;
-        if dst.len() < tokens as usize * itemsize
-            || seg.as_ref().is_some_and(|s| short(s.len()))
-            || pos.as_ref().is_some_and(|p| short(p.len()))
-        {
-            return Err(bad(format!("the outputs must hold {tokens} tokens")));
-        }
-        let shards = max_shards.unwrap_or(usize::MAX);
-        detach(py, move || {
-            let mut parts: Vec<Part> = Vec::with_capacity(rows.len() * 4);
-            concat_parts(starts, |k| order.get(k), seq_len, eos_id.is_some(), &rows, &mut parts);
-            let size = itemsize as u64;
-            let windows = parts.len() + rows.len(); // a part spans few pieces
-            let mut idx = Vec::with_capacity(windows);
-            let mut from = Vec::with_capacity(windows);
-            let mut len = Vec::with_capacity(windows);
-            let mut to = Vec::with_capacity(windows);
-            // A document's first record, then the store's record of a view's record.
-            let first_of = |doc: u64| first.map_or(Some(doc), |f| f.try_get(doc));
-            let mut outside = None;
-            record_windows(&parts, first_of, piece_rows, |record, start, count, at| {
-                let stored = view.map_or(Some(record), |v| v.get(record as usize).copied());
-                outside = outside.or(stored.is_none().then_some(record));
-                idx.push(stored.unwrap_or(u64::MAX));
-                from.push(start * size);
-                len.push(count * size);
-                to.push(at * size);
-            })
-            .map_err(|doc| {
-                zrecord::Error::InvalidArgument(format!("document {doc} is not in the plan"))
-            })?;
-            if let Some(record) = outside {
-                let detail = format!("record {record} is outside the view");
-                return Err(zrecord::Error::InvalidArgument(detail));
-            }
-            store.gather_parts_at_most(&idx, &from, &len, dst, &to, shards)?;
-            if let Some(eos) = eos_id {
-                let bytes = eos.to_le_bytes();
-                for p in parts.iter().filter(|p| p.length > p.content) {
-                    let at = ((p.flat + p.content) * size) as usize;
-                    dst[at..at + itemsize].copy_from_slice(&bytes[..itemsize]);
-                }
-            }
-            if let (Some(seg), Some(pos)) = (seg, pos) {
-                fill_segments(&parts, seg, pos);
-            }
-            Ok::<(), zrecord::Error>(())
-        })
-        .py()
     }
 
     fn lengths_into(

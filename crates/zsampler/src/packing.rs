@@ -72,6 +72,139 @@ pub fn concat_parts(
     }
 }
 
+/// The parts of `rows` of a first-fit plan, appended to `out` in row order: row `r` holds the
+/// documents `row_docs[row_ptr[r]..row_ptr[r + 1]]` whole, one after another from the row's
+/// start, each taking `size(doc)` tokens (its end token counted when `eos`); the rest of the
+/// row is padding, no part. `doc(k)` is entry `k` of `row_docs` and `size(d)` document `d`'s
+/// size; either answers `None` past its table.
+///
+/// # Errors
+/// The first row whose plan entries are missing or do not fit in `seq_len` tokens.
+pub fn first_fit_parts(
+    row_ptr: &[i64],
+    doc: impl Fn(usize) -> Option<u64>,
+    size: impl Fn(u64) -> Option<u64>,
+    seq_len: u64,
+    eos: bool,
+    rows: &[u64],
+    out: &mut Vec<Part>,
+) -> Result<(), u64> {
+    for (r, &row) in rows.iter().enumerate() {
+        let at = usize::try_from(row).map_err(|_| row)?;
+        let (Some(&lo), Some(&hi)) = (row_ptr.get(at), row_ptr.get(at + 1)) else {
+            return Err(row);
+        };
+        let (mut used, mut segment) = (0u64, 0i32);
+        for k in lo.max(0)..hi.max(0) {
+            let d = doc(k as usize).ok_or(row)?;
+            let length = size(d).ok_or(row)?;
+            if used + length > seq_len {
+                return Err(row);
+            }
+            segment += 1;
+            out.push(Part {
+                doc: d,
+                doc_pos: 0,
+                length,
+                content: length - u64::from(eos && length > 0),
+                flat: r as u64 * seq_len + used,
+                segment,
+            });
+            used += length;
+        }
+    }
+    Ok(())
+}
+
+/// The byte windows a batch of parts reads, as a store's windowed gather takes them: record,
+/// first byte in it, bytes, destination byte (tokens of `itemsize` bytes).
+#[derive(Debug, Default)]
+pub struct Windows {
+    /// The store record of each window.
+    pub records: Vec<u64>,
+    /// The window's first byte in its record.
+    pub starts: Vec<u64>,
+    /// The window's bytes.
+    pub lens: Vec<u64>,
+    /// Where the window's first byte goes in the batch.
+    pub offsets: Vec<u64>,
+}
+
+/// Where the parts' document tokens are stored (see [`record_windows`]): each document's
+/// first record (`None`: document `d` is record `d`), the piece size in tokens (0: whole
+/// records), and the view's records in the store (`None`: the store's own indices).
+#[derive(Clone, Copy)]
+pub struct Layout<'a> {
+    /// Each document's first record (`None` past the table); `None`: document `d` is record `d`.
+    pub first_record: Option<&'a (dyn Fn(u64) -> Option<u64> + Sync)>,
+    /// Tokens per piece (0: documents are whole records).
+    pub piece_rows: u64,
+    /// The store record of each view record; `None`: the view is the store.
+    pub view: Option<&'a [u64]>,
+}
+
+/// Why a batch's parts cannot be mapped to records: a document the layout does not know, or a
+/// record outside the view.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LayoutError {
+    /// A document the layout does not know.
+    Document(u64),
+    /// A record outside the view.
+    Record(u64),
+}
+
+/// The [`Windows`] of `parts` under `layout`, in bytes of `itemsize`-byte tokens.
+///
+/// # Errors
+/// The first document or record the layout does not hold.
+pub fn windows(parts: &[Part], layout: Layout<'_>, itemsize: u64) -> Result<Windows, LayoutError> {
+    let n = parts.len() + parts.len() / 2; // a part spans few pieces
+    let mut w = Windows {
+        records: Vec::with_capacity(n),
+        starts: Vec::with_capacity(n),
+        lens: Vec::with_capacity(n),
+        offsets: Vec::with_capacity(n),
+    };
+    let first = |doc: u64| layout.first_record.map_or(Some(doc), |f| f(doc));
+    let mut outside = None;
+    record_windows(parts, first, layout.piece_rows, |record, start, count, at| {
+        let stored = layout.view.map_or(Some(record), |v| v.get(record as usize).copied());
+        outside = outside.or(stored.is_none().then_some(record));
+        w.records.push(stored.unwrap_or(u64::MAX));
+        w.starts.push(start * itemsize);
+        w.lens.push(count * itemsize);
+        w.offsets.push(at * itemsize);
+    })
+    .map_err(LayoutError::Document)?;
+    match outside {
+        Some(record) => Err(LayoutError::Record(record)),
+        None => Ok(w),
+    }
+}
+
+/// Writes the end token `eos` (its low `itemsize` bytes, little-endian) after every part that
+/// ends its document, into `dst` (the batch's tokens).
+pub fn write_end_tokens(parts: &[Part], eos: u64, itemsize: usize, dst: &mut [u8]) {
+    let bytes = eos.to_le_bytes();
+    for p in parts.iter().filter(|p| p.length > p.content) {
+        let at = (p.flat + p.content) as usize * itemsize;
+        if let Some(slot) = dst.get_mut(at..at + itemsize) {
+            slot.copy_from_slice(&bytes[..itemsize]);
+        }
+    }
+}
+
+/// Fills `dst` (the batch's tokens) with the token `pad`, and the segment ids and positions with
+/// 0: what the parts do not cover is padding.
+pub fn fill_padding(pad: u64, itemsize: usize, dst: &mut [u8], seg: &mut [i32], pos: &mut [i32]) {
+    let bytes = pad.to_le_bytes();
+    for token in dst.chunks_exact_mut(itemsize) {
+        token.copy_from_slice(&bytes[..itemsize]);
+    }
+    seg.fill(0);
+    pos.fill(0);
+}
+
 /// Segment ids and positions of the tokens the parts cover (each token's position inside its
 /// document); tokens no part covers are left alone.
 pub fn fill_segments(parts: &[Part], segments: &mut [i32], positions: &mut [i32]) {
@@ -185,5 +318,27 @@ mod tests {
         assert_eq!(record_windows(&[part, unknown], known, 4, |_, _, _, _| {}), Err(8));
         let empty = Part { content: 0, ..unknown };
         assert_eq!(record_windows(&[empty], known, 4, |_, _, _, _| {}), Ok(()), "nothing read");
+    }
+
+    #[test]
+    fn first_fit_rows_hold_their_documents_whole_and_padding_is_no_part() {
+        // Rows: [doc 4 (3 tokens), doc 1 (2)], [doc 0 (5)], [] in rows of 6.
+        let row_ptr = [0i64, 2, 3, 3];
+        let row_docs = [4u64, 1, 0];
+        let sizes = [5u64, 2, 9, 9, 3];
+        let doc = |k: usize| row_docs.get(k).copied();
+        let size = |d: u64| sizes.get(d as usize).copied();
+        let mut parts = Vec::new();
+        first_fit_parts(&row_ptr, doc, size, 6, true, &[1, 0, 2], &mut parts).unwrap();
+        let got: Vec<_> =
+            parts.iter().map(|p| (p.doc, p.flat, p.length, p.content, p.segment)).collect();
+        assert_eq!(got, [(0, 0, 5, 4, 1), (4, 6, 3, 2, 1), (1, 9, 2, 1, 2)]);
+        let (mut seg, mut pos) = (vec![0; 18], vec![0; 18]);
+        fill_segments(&parts, &mut seg, &mut pos);
+        assert_eq!(&seg[..12], [1, 1, 1, 1, 1, 0, 1, 1, 1, 2, 2, 0]);
+        assert_eq!(&pos[6..12], [0, 1, 2, 0, 1, 0]);
+        // A row past the table, or one whose documents do not fit, is refused by number.
+        assert_eq!(first_fit_parts(&row_ptr, doc, size, 6, true, &[3], &mut parts), Err(3));
+        assert_eq!(first_fit_parts(&row_ptr, doc, size, 4, true, &[1], &mut parts), Err(1));
     }
 }
