@@ -197,9 +197,24 @@ pub fn write_end_tokens(parts: &[Part], eos: u64, itemsize: usize, dst: &mut [u8
 /// Fills `dst` (the batch's tokens) with the token `pad`, and the segment ids and positions with
 /// 0: what the parts do not cover is padding.
 pub fn fill_padding(pad: u64, itemsize: usize, dst: &mut [u8], seg: &mut [i32], pos: &mut [i32]) {
-    let bytes = pad.to_le_bytes();
-    for token in dst.chunks_exact_mut(itemsize) {
-        token.copy_from_slice(&bytes[..itemsize]);
+    /// `dst` as `N`-byte tokens, each set to `pad`'s low bytes: a store of a known size per
+    /// token (a slice copy of a runtime length would be a `memmove` call per token).
+    fn fill<const N: usize>(dst: &mut [u8], pad: u64) {
+        let mut token = [0u8; N];
+        token.copy_from_slice(&pad.to_le_bytes()[..N]);
+        dst.as_chunks_mut::<N>().0.fill(token);
+    }
+    match itemsize {
+        1 => fill::<1>(dst, pad),
+        2 => fill::<2>(dst, pad),
+        4 => fill::<4>(dst, pad),
+        8 => fill::<8>(dst, pad),
+        _ => {
+            let bytes = pad.to_le_bytes();
+            for token in dst.chunks_exact_mut(itemsize) {
+                token.copy_from_slice(&bytes[..itemsize]);
+            }
+        }
     }
     seg.fill(0);
     pos.fill(0);
