@@ -203,9 +203,11 @@ def throughput(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None
         # One file is over the 1 MiB record limit as uint16: 1 MiB pieces for it.
         from_iterator(root / store, docs, codec=codec, progress=False, max_record_bytes=piece)
     fast, slow = 2000, 60
-    rows: list[tuple[str, float, int]] = []
-    rows.append(("nanoGPT-style memmap slices (baseline)",
-                 median(lambda: nanogpt(root / "all.bin", fast), repeats), fast))
+    # Every row once per repeat, in turn (a change of the machine's load hits all rows alike),
+    # then each row's median; the ratio to the baseline is also taken per repeat.
+    runs: list[tuple[str, Any, int]] = [
+        ("nanoGPT-style memmap slices (baseline)",
+         lambda: nanogpt(root / "all.bin", fast), fast)]
     for store, label in (("raw", "raw"), ("raw-16k", "raw, 16 KiB pieces"),
                          ("zstd", "zstd, documents whole (1 MiB pieces)"),
                          ("zstd-4k", "zstd, 4 KiB pieces (from_token_stream's zstd layout)"),
@@ -213,32 +215,38 @@ def throughput(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None
         # Fewer batches where each costs more (zstd whole documents: milliseconds).
         n = fast if store.startswith("raw") else fast // 40 if store == "zstd" else fast // 8
         for workers in (0, 2):
-            rows.append((f"loaderx pack concat, {label}, num_workers={workers}",
-                         median(lambda s=store, n=n, w=workers: loaderx_run(root / s, n, w),
-                                repeats), n))
-    rows.append(("loaderx pack concat, raw, num_workers=0, 1 pool thread",
-                 median(lambda: loaderx_run(root / "raw", fast, 0, pool_threads=1), repeats),
-                 fast))
-    rows.append(("loaderx pack first_fit, raw, num_workers=0",
-                 median(lambda: loaderx_run(root / "raw", fast, 0, "first_fit"), repeats), fast))
+            runs.append((f"loaderx pack concat, {label}, num_workers={workers}",
+                         lambda s=store, n=n, w=workers: loaderx_run(root / s, n, w), n))
+    runs.append(("loaderx pack concat, raw, num_workers=0, 1 pool thread",
+                 lambda: loaderx_run(root / "raw", fast, 0, pool_threads=1), fast))
+    runs.append(("loaderx pack first_fit, raw, num_workers=0",
+                  lambda: loaderx_run(root / "raw", fast, 0, "first_fit"), fast))
     grain_note = "grain not installed (pip install grain)"
     for method, label in (("concat", "ConcatThenSplit"), ("first_fit", "FirstFitPack")):
-        t = grain_run(docs, slow, method)
-        if t is not None:
-            t = median(lambda m=method: grain_run(docs, slow, m), repeats)
-            rows.append((f"grain {label} (documents in memory)", t, slow))
+        if grain_run(docs, 2, method) is not None:
+            runs.append((f"grain {label} (documents in memory)",
+                         lambda m=method: grain_run(docs, slow, m), slow))
             grain_note = ""
+    seconds: dict[str, list[float]] = {name: [] for name, _, _ in runs}
+    for _ in range(repeats):
+        for name, run, _ in runs:
+            seconds[name].append(run())
+    rows = [(name, statistics.median(seconds[name]), n) for name, _, n in runs]
+    base_name = runs[0][0]
+    per_repeat = {name: [seconds[base_name][r] / runs[0][2] / (t / n)
+                         for r, t in enumerate(seconds[name])] for name, _, n in runs}
     base = rows[0][1] / rows[0][2]
     tokens = sum(len(d) + 1 for d in docs)
     print(f"\n## Packed sequences -- {len(docs)} documents (the standard library's sources, "
           f"{tokens / 1e6:.1f} M byte-level tokens), batch {BATCH} x {SEQ}, medians of "
           f"{repeats}\n")
-    print("| loader | µs/batch | M tokens/s | vs baseline |")
-    print("|---|---|---|---|")
+    print("| loader | µs/batch | M tokens/s | vs baseline | per repeat (range) |")
+    print("|---|---|---|---|---|")
     for name, t, n in rows:
         per = t / n
+        r = per_repeat[name]
         print(f"| {name} | {per * 1e6:,.0f} | {BATCH * SEQ / per / 1e6:,.1f} | "
-              f"{base / per:.2f}x |")
+              f"{base / per:.2f}x | {min(r):.2f}-{max(r):.2f}x |")
     if grain_note:
         print(f"\n{grain_note}")
     zstd_ceiling(root / "all.bin", base)

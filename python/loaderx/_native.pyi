@@ -33,13 +33,11 @@ def gather_across(stores: list[Zrecord], parts: Any, idxs: Any, dst: Any,
 def lengths_across(stores: list[Zrecord], parts: Any, idxs: Any, out: Any) -> None: ...
 def pack_concat(store: Zrecord, starts: Any, order: Any, rows: Any, seq_len: int,
                 eos_id: int | None, itemsize: int, dst: Any, segments: Any, positions: Any,
-                max_shards: int | None = None, first_record: Any = None, piece_rows: int = 0,
-                view: Any = None) -> None: ...
+                max_shards: int | None, layout: tuple[Any, int, Any]) -> None: ...
 def pack_first_fit(store: Zrecord, row_ptr: Any, row_docs: Any, sizes: Any, rows: Any,
                    seq_len: int, eos_id: int | None, pad_id: int, itemsize: int, dst: Any,
-                   segments: Any, positions: Any, max_shards: int | None = None,
-                   first_record: Any = None, piece_rows: int = 0,
-                   view: Any = None) -> None: ...
+                   segments: Any, positions: Any, max_shards: int | None,
+                   layout: tuple[Any, int, Any]) -> None: ...
 
 # Benchmark ceilings: only in builds with the `bench` cargo feature (scripts/env.sh makes one;
 # wheels have none).

@@ -471,11 +471,11 @@ class PackedDataset:
         size = self._dtype.itemsize
         if isinstance(plan, ConcatPlan):
             _native.pack_concat(store, plan.starts, plan.order, rows, self._seq_len, self._eos,
-                                size, dst, seg.reshape(-1), pos.reshape(-1), shards, *layout)
+                                size, dst, seg.reshape(-1), pos.reshape(-1), shards, layout)
         else:
             _native.pack_first_fit(store, plan.row_ptr, plan.row_docs, plan.sizes, rows,
                                    self._seq_len, self._eos, self._pad, size, dst,
-                                   seg.reshape(-1), pos.reshape(-1), shards, *layout)
+                                   seg.reshape(-1), pos.reshape(-1), shards, layout)
         cache = self._cache
         cache.segments_key, cache.segments = rows.tobytes(), (seg, pos)
 

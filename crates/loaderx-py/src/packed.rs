@@ -23,17 +23,26 @@ struct Target<'b> {
     pos: &'b mut [i32],
 }
 
-#[allow(clippy::too_many_arguments, reason = "the arrays of one batch, as Python holds them")]
+/// Where a packed view's documents are stored, as Python passes it: `(first_record,
+/// piece_rows, view)` (see [`pack_concat`]).
+type StoredAs<'py> = (Option<Bound<'py, PyAny>>, u64, Option<PyBuffer<u64>>);
+
+/// The layout's first records, taken as a buffer.
+fn first_records(layout: &StoredAs<'_>) -> PyResult<Option<IndexBuffer>> {
+    layout.0.as_ref().map(|f| IndexBuffer::get(f, "first_record")).transpose()
+}
+
+/// The batch's outputs (`tokens` tokens of `itemsize` bytes, the segment ids and positions)
+/// and its documents' layout (`first`: the first records `layout` names, taken as a buffer),
+/// checked and borrowed.
 fn target<'b>(
     tokens: u64,
     itemsize: usize,
-    first: Option<&'b IndexBuffer>,
-    piece_rows: u64,
-    view: Option<&'b PyBuffer<u64>>,
+    (first, layout): (Option<&'b IndexBuffer>, &'b StoredAs<'_>),
     dst: &'b PyBuffer<u8>,
-    seg: &'b PyBuffer<i32>,
-    pos: &'b PyBuffer<i32>,
+    [seg, pos]: [&'b PyBuffer<i32>; 2],
 ) -> PyResult<Target<'b>> {
+    let (piece_rows, view) = (layout.1, layout.2.as_ref());
     let bad = |m: String| crate::errors::bad_argument(m);
     if first.is_none() != (piece_rows == 0) {
         return Err(
@@ -85,12 +94,13 @@ fn read(
 /// The rows `rows` of a concatenation plan over `store`'s records (the `k`-th document of the
 /// stream is `order[k]`, starting at token `starts[k]`): the documents' windows gathered into
 /// `dst` (`rows.len() * seq_len` tokens of `itemsize` bytes), the end token `eos_id` where a
-/// document ends, and the segment ids and positions of every token. Documents stored in pieces
-/// (`piece_rows` > 0 tokens each but the last) start at record `first_record[doc]`; a subset's
-/// records are `view[record]` of the store.
+/// document ends, and the segment ids and positions of every token. `layout` is
+/// `(first_record, piece_rows, view)`: documents stored in pieces (`piece_rows` > 0 tokens each
+/// but the last) start at record `first_record[doc]`; a subset's records are `view[record]` of
+/// the store.
 #[pyfunction]
 #[pyo3(signature = (store, starts, order, rows, seq_len, eos_id, itemsize, dst, segments,
-                    positions, max_shards=None, first_record=None, piece_rows=0, view=None))]
+                    positions, max_shards, layout))]
 #[allow(clippy::too_many_arguments, reason = "one batch of a packed view, as Python holds it")]
 pub fn pack_concat(
     py: Python<'_>,
@@ -105,9 +115,7 @@ pub fn pack_concat(
     segments: PyBuffer<i32>,
     positions: PyBuffer<i32>,
     max_shards: Option<usize>,
-    first_record: Option<&Bound<'_, PyAny>>,
-    piece_rows: u64,
-    view: Option<PyBuffer<u64>>,
+    layout: StoredAs<'_>,
 ) -> PyResult<()> {
     let store = store.get().handle()?;
     let rows = rows.to_vec(py)?;
@@ -126,18 +134,9 @@ pub fn pack_concat(
     if let Some(&r) = rows.iter().find(|&&r| r >= total / seq_len) {
         return Err(bad(format!("row {r} is past the plan's {} rows", total / seq_len)));
     }
-    let first = first_record.map(|f| IndexBuffer::get(f, "first_record")).transpose()?;
+    let first = first_records(&layout)?;
     let tokens = rows.len() as u64 * seq_len;
-    let t = target(
-        tokens,
-        itemsize,
-        first.as_ref(),
-        piece_rows,
-        view.as_ref(),
-        &dst,
-        &segments,
-        &positions,
-    )?;
+    let t = target(tokens, itemsize, (first.as_ref(), &layout), &dst, [&segments, &positions])?;
     let shards = max_shards.unwrap_or(usize::MAX);
     detach(py, move || {
         let mut parts: Vec<Part> = Vec::with_capacity(rows.len() * 4);
@@ -161,8 +160,7 @@ pub fn pack_concat(
 /// arguments are those of [`pack_concat`].
 #[pyfunction]
 #[pyo3(signature = (store, row_ptr, row_docs, sizes, rows, seq_len, eos_id, pad_id, itemsize,
-                    dst, segments, positions, max_shards=None, first_record=None, piece_rows=0,
-                    view=None))]
+                    dst, segments, positions, max_shards, layout))]
 #[allow(clippy::too_many_arguments, reason = "one batch of a packed view, as Python holds it")]
 pub fn pack_first_fit(
     py: Python<'_>,
@@ -179,9 +177,7 @@ pub fn pack_first_fit(
     segments: PyBuffer<i32>,
     positions: PyBuffer<i32>,
     max_shards: Option<usize>,
-    first_record: Option<&Bound<'_, PyAny>>,
-    piece_rows: u64,
-    view: Option<PyBuffer<u64>>,
+    layout: StoredAs<'_>,
 ) -> PyResult<()> {
     let store = store.get().handle()?;
     let rows = rows.to_vec(py)?;
@@ -193,18 +189,9 @@ pub fn pack_first_fit(
     if seq_len == 0 {
         return Err(crate::errors::bad_argument("seq_len must be > 0"));
     }
-    let first = first_record.map(|f| IndexBuffer::get(f, "first_record")).transpose()?;
+    let first = first_records(&layout)?;
     let tokens = rows.len() as u64 * seq_len;
-    let t = target(
-        tokens,
-        itemsize,
-        first.as_ref(),
-        piece_rows,
-        view.as_ref(),
-        &dst,
-        &segments,
-        &positions,
-    )?;
+    let t = target(tokens, itemsize, (first.as_ref(), &layout), &dst, [&segments, &positions])?;
     let shards = max_shards.unwrap_or(usize::MAX);
     detach(py, move || {
         let mut parts: Vec<Part> = Vec::with_capacity(rows.len() * 4);
