@@ -5,28 +5,61 @@
 //! and, from Python, one crossing of the binding per store.
 //!
 //! `parts[i]` names the store of `indices[i]` (an index into `stores`). The batch is grouped by
-//! a counting sort, so each store sees its records in batch order. A call that fails may have
-//! written the records of the stores before the failing one.
+//! a counting sort into one array, so each store sees its records in batch order, and one pair
+//! of index buffers serves every store of a call. A call that fails may have written the records
+//! of the stores before the failing one.
 
 use crate::error::{Error, Result};
 use crate::store::Store;
 
-/// The batch positions of each store's records, in batch order: `(store, positions)` for the
-/// stores that have any, in store order.
-fn groups(stores: usize, parts: &[u32], len: usize) -> Result<Vec<(usize, Vec<usize>)>> {
-    if parts.len() != len {
-        return Err(Error::invalid(format!("{len} indices but {} part numbers", parts.len())));
+/// The batch grouped by store: `order` holds the batch positions store by store (each store's
+/// in batch order, a counting sort), and store `k`'s are `order[bounds[k]..bounds[k + 1]]`.
+struct Groups {
+    order: Vec<usize>,
+    bounds: Vec<usize>,
+}
+
+impl Groups {
+    fn new(stores: usize, parts: &[u32], len: usize) -> Result<Self> {
+        if parts.len() != len {
+            return Err(Error::invalid(format!("{len} indices but {} part numbers", parts.len())));
+        }
+        let mut bounds = vec![0usize; stores + 1];
+        for (i, &p) in parts.iter().enumerate() {
+            let slot = bounds.get_mut(p as usize + 1).filter(|_| (p as usize) < stores);
+            *slot.ok_or_else(|| {
+                Error::invalid(format!(
+                    "part number {p} at position {i}, but there are {stores} stores"
+                ))
+            })? += 1;
+        }
+        for k in 0..stores {
+            bounds[k + 1] += bounds[k];
+        }
+        let mut next = bounds.clone();
+        let mut order = vec![0usize; len];
+        for (i, &p) in parts.iter().enumerate() {
+            order[next[p as usize]] = i;
+            next[p as usize] += 1;
+        }
+        Ok(Groups { order, bounds })
     }
-    let mut by_store: Vec<Vec<usize>> = vec![Vec::new(); stores];
-    for (i, &p) in parts.iter().enumerate() {
-        let slot = by_store.get_mut(p as usize).ok_or_else(|| {
-            Error::invalid(format!(
-                "part number {p} at position {i}, but there are {stores} stores"
-            ))
-        })?;
-        slot.push(i);
+
+    /// `(store, positions)` for each store with records in the batch, in store order.
+    fn each(&self) -> impl Iterator<Item = (usize, &[usize])> {
+        self.bounds
+            .windows(2)
+            .enumerate()
+            .filter(|(_, w)| w[1] > w[0])
+            .map(|(k, w)| (k, &self.order[w[0]..w[1]]))
     }
-    Ok(by_store.into_iter().enumerate().filter(|(_, g)| !g.is_empty()).collect())
+}
+
+/// `values[i]` for each of `positions`, into `out` (cleared first): one buffer serves every
+/// store of a call.
+fn pick(values: &[u64], positions: &[usize], out: &mut Vec<u64>) {
+    out.clear();
+    out.extend(positions.iter().map(|&i| values[i]));
 }
 
 /// [`Store::gather_fixed_at`] over several stores: record `indices[i]` of store `parts[i]`
@@ -46,12 +79,16 @@ pub fn gather_fixed_across(
     if rows.is_some_and(|r| r.len() != indices.len()) {
         return Err(Error::invalid("one destination row per index"));
     }
-    for (k, positions) in groups(stores.len(), parts, indices.len())? {
-        let local: Vec<u64> = positions.iter().map(|&i| indices[i]).collect();
-        let into: Vec<u64> = match rows {
-            Some(r) => positions.iter().map(|&i| r[i]).collect(),
-            None => positions.iter().map(|&i| i as u64).collect(),
-        };
+    let groups = Groups::new(stores.len(), parts, indices.len())?;
+    let (mut local, mut into) = (Vec::new(), Vec::new());
+    for (k, positions) in groups.each() {
+        pick(indices, positions, &mut local);
+        if let Some(r) = rows {
+            pick(r, positions, &mut into);
+        } else {
+            into.clear();
+            into.extend(positions.iter().map(|&i| i as u64));
+        }
         stores[k].gather_fixed_at(&local, Some(&into), dst, record_len, max_shards)?;
     }
     Ok(())
@@ -72,9 +109,11 @@ pub fn gather_across(
     if offsets.len() != indices.len() {
         return Err(Error::invalid("one destination offset per index"));
     }
-    for (k, positions) in groups(stores.len(), parts, indices.len())? {
-        let local: Vec<u64> = positions.iter().map(|&i| indices[i]).collect();
-        let at: Vec<u64> = positions.iter().map(|&i| offsets[i]).collect();
+    let groups = Groups::new(stores.len(), parts, indices.len())?;
+    let (mut local, mut at) = (Vec::new(), Vec::new());
+    for (k, positions) in groups.each() {
+        pick(indices, positions, &mut local);
+        pick(offsets, positions, &mut at);
         stores[k].gather(&local, dst, &at)?;
     }
     Ok(())
@@ -87,8 +126,10 @@ pub fn gather_across(
 /// A part number past `stores`, or an index past its store's length.
 pub fn lengths_across(stores: &[&Store], parts: &[u32], indices: &[u64]) -> Result<Vec<u32>> {
     let mut out = vec![0u32; indices.len()];
-    for (k, positions) in groups(stores.len(), parts, indices.len())? {
-        let local: Vec<u64> = positions.iter().map(|&i| indices[i]).collect();
+    let groups = Groups::new(stores.len(), parts, indices.len())?;
+    let mut local = Vec::new();
+    for (k, positions) in groups.each() {
+        pick(indices, positions, &mut local);
         for (&i, len) in positions.iter().zip(stores[k].lengths(&local)?) {
             out[i] = len;
         }
