@@ -71,16 +71,19 @@ impl Store {
         let _guard = self.activity.shared("gather")?;
         let dst_rows = check_rows(indices.len(), rows, dst.len(), record_len)?;
         self.consistent_read(|| {
-            let len = self.len();
-            if let Some(&index) = indices.iter().find(|&&index| index >= len) {
-                return Err(Error::IndexOutOfRange { index, len });
+            self.check_indices(indices)?;
+            if record_len == 0 {
+                // Nothing to copy: each entry is read for its length alone.
+                return match indices.iter().find(|&&i| self.meta.entry(i).logic_length != 0) {
+                    Some(&index) => Err(self.wrong_length(index, &self.meta.entry(index), 0)),
+                    None => Ok(()),
+                };
             }
             // The table entries go straight into the slots (no vector of their own); every
             // length is checked before any byte is written.
             let records = indices.iter().map(|&index| (index, self.meta.entry(index)));
             let mut slots: Vec<Slot<'_>> = match rows {
                 // Every row in order (a dataset's own batch): no row filter to run per record.
-                _ if record_len == 0 => Vec::new(),
                 None => dst
                     .chunks_exact_mut(record_len)
                     .zip(records)
@@ -97,13 +100,6 @@ impl Store {
                         .collect()
                 }
             };
-            if record_len == 0 {
-                // No slot to hold the entries: each is read for its length alone.
-                return match indices.iter().find(|&&i| self.meta.entry(i).logic_length != 0) {
-                    Some(&index) => Err(self.wrong_length(index, &self.meta.entry(index), 0)),
-                    None => Ok(()),
-                };
-            }
             if let Some(s) = slots.iter().find(|s| s.loc.logic_length as usize != record_len) {
                 return Err(self.wrong_length(s.index, &s.loc, record_len));
             }
@@ -192,13 +188,19 @@ impl Store {
 
     /// The table entry of every index, read against one load of the published length.
     fn entries(&self, indices: &[u64]) -> Result<Vec<RecordLoc>> {
-        let len = self.len();
-        if let Some(&index) = indices.iter().find(|&&index| index >= len) {
-            return Err(Error::IndexOutOfRange { index, len });
-        }
+        self.check_indices(indices)?;
         // Checked first so that this loop has no early exit: the table reads (mostly cache
         // misses) then issue back to back into a vector of known size.
         Ok(indices.iter().map(|&index| self.meta.entry(index)).collect())
+    }
+
+    /// Refuses the first index at or past one load of the published length.
+    fn check_indices(&self, indices: &[u64]) -> Result<()> {
+        let len = self.len();
+        match indices.iter().find(|&&index| index >= len) {
+            Some(&index) => Err(Error::IndexOutOfRange { index, len }),
+            None => Ok(()),
+        }
     }
 
     /// Copies or decodes one record into `dst`, checking its entry against the store first.
