@@ -8,14 +8,33 @@ use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use zrecord::Store;
 
-use crate::buffers::slice_mut;
+use crate::buffers::{check_lengths_out, slice_mut};
 use crate::errors::IntoPyResult;
 use crate::exit::detach;
 use crate::store::Zrecord;
 
-/// The engine handles of `stores` (each open).
-fn handles(stores: &[Bound<'_, Zrecord>]) -> PyResult<Vec<Arc<Store>>> {
-    stores.iter().map(|s| s.get().handle()).collect()
+/// A batch over several stores, converted: each store's engine handle (each open), and the
+/// part number and index of every record.
+struct Batch {
+    handles: Vec<Arc<Store>>,
+    parts: Vec<u32>,
+    idxs: Vec<u64>,
+}
+
+impl Batch {
+    fn new(
+        py: Python<'_>,
+        stores: &[Bound<'_, Zrecord>],
+        parts: &PyBuffer<u32>,
+        idxs: &PyBuffer<u64>,
+    ) -> PyResult<Self> {
+        let handles = stores.iter().map(|s| s.get().handle()).collect::<PyResult<_>>()?;
+        Ok(Batch { handles, parts: parts.to_vec(py)?, idxs: idxs.to_vec(py)? })
+    }
+
+    fn stores(&self) -> Vec<&Store> {
+        self.handles.iter().map(AsRef::as_ref).collect()
+    }
 }
 
 /// Record `idxs[i]` of store `parts[i]` into row `i` of `dst` (rows of `record_len` bytes), or
@@ -34,15 +53,21 @@ pub fn gather_fixed_across(
     max_shards: Option<usize>,
     rows: Option<PyBuffer<u64>>,
 ) -> PyResult<()> {
-    let handles = handles(&stores)?;
-    let (parts, idxs) = (parts.to_vec(py)?, idxs.to_vec(py)?);
+    let b = Batch::new(py, &stores, &parts, &idxs)?;
     let rows = rows.map(|r| r.to_vec(py)).transpose()?;
     let dst = slice_mut(&dst, "destination")?;
     let shards = max_shards.unwrap_or(usize::MAX);
     detach(py, || {
-        let refs: Vec<&Store> = handles.iter().map(AsRef::as_ref).collect();
         let rows = rows.as_deref();
-        zrecord::across::gather_fixed_across(&refs, &parts, &idxs, rows, dst, record_len, shards)
+        zrecord::across::gather_fixed_across(
+            &b.stores(),
+            &b.parts,
+            &b.idxs,
+            rows,
+            dst,
+            record_len,
+            shards,
+        )
     })
     .py()
 }
@@ -57,14 +82,11 @@ pub fn gather_across(
     dst: PyBuffer<u8>,
     offsets: PyBuffer<u64>,
 ) -> PyResult<()> {
-    let handles = handles(&stores)?;
-    let (parts, idxs, offsets) = (parts.to_vec(py)?, idxs.to_vec(py)?, offsets.to_vec(py)?);
+    let b = Batch::new(py, &stores, &parts, &idxs)?;
+    let offsets = offsets.to_vec(py)?;
     let dst = slice_mut(&dst, "destination")?;
-    detach(py, || {
-        let refs: Vec<&Store> = handles.iter().map(AsRef::as_ref).collect();
-        zrecord::across::gather_across(&refs, &parts, &idxs, dst, &offsets)
-    })
-    .py()
+    detach(py, || zrecord::across::gather_across(&b.stores(), &b.parts, &b.idxs, dst, &offsets))
+        .py()
 }
 
 /// The logical byte length of record `idxs[i]` of store `parts[i]`, into `out` (uint32).
@@ -76,18 +98,10 @@ pub fn lengths_across(
     idxs: PyBuffer<u64>,
     out: PyBuffer<u32>,
 ) -> PyResult<()> {
-    let handles = handles(&stores)?;
-    let (parts, idxs) = (parts.to_vec(py)?, idxs.to_vec(py)?);
-    if out.item_count() != idxs.len() || out.readonly() || !out.is_c_contiguous() {
-        return Err(crate::errors::bad_argument(
-            "out must be a writable uint32 array of len(idxs)",
-        ));
-    }
-    let lens = detach(py, || {
-        let refs: Vec<&Store> = handles.iter().map(AsRef::as_ref).collect();
-        zrecord::across::lengths_across(&refs, &parts, &idxs)
-    })
-    .py()?;
+    let b = Batch::new(py, &stores, &parts, &idxs)?;
+    check_lengths_out(&out, b.idxs.len())?;
+    let lens =
+        detach(py, || zrecord::across::lengths_across(&b.stores(), &b.parts, &b.idxs)).py()?;
     out.copy_from_slice(py, &lens)
 }
 

@@ -133,3 +133,13 @@ impl Indices<'_> {
         }
     }
 }
+
+/// Refuses a lengths output that is not a writable, C-contiguous uint32 array of `n` items.
+pub fn check_lengths_out(out: &PyBuffer<u32>, n: usize) -> PyResult<()> {
+    if out.item_count() != n || out.readonly() || !out.is_c_contiguous() {
+        return Err(crate::errors::bad_argument(
+            "out must be a writable uint32 array of len(idxs)",
+        ));
+    }
+    Ok(())
+}

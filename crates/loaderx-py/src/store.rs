@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use zrecord::{Codec, Options, Store};
 
-use crate::buffers::{slice, slice_mut, u64_values, writable_bytes};
+use crate::buffers::{check_lengths_out, slice, slice_mut, u64_values, writable_bytes};
 use crate::errors::IntoPyResult;
 use crate::exit::detach;
 
@@ -187,11 +187,7 @@ impl Zrecord {
     ) -> PyResult<()> {
         let store = self.get()?;
         let idxs = idxs.to_vec(py)?;
-        if out.item_count() != idxs.len() || out.readonly() || !out.is_c_contiguous() {
-            return Err(crate::errors::bad_argument(
-                "out must be a writable uint32 array of len(idxs)",
-            ));
-        }
+        check_lengths_out(&out, idxs.len())?;
         let lens = detach(py, || store.lengths(&idxs)).py()?;
         out.copy_from_slice(py, &lens)
     }
