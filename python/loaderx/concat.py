@@ -36,9 +36,9 @@ from loaderx.dataset import (
     _ragged_layout,
     _ragged_views,
     _schema,
+    _whole_rows,
 )
 from loaderx.errors import (
-    CorruptStoreError,
     DatasetError,
     LoaderxIndexError,
     LoaderxTypeError,
@@ -225,12 +225,8 @@ class ConcatDataset:
             return cast(RaggedDataset, self._parts[0]).record_nbytes(local)
         nbytes = np.empty(len(idxs), dtype=np.uint32)
         _native.lengths_across(self._natives, part, local, nbytes)
-        unit = self._parts[0]._schema.item_bytes
-        if unit and (nbytes % unit).any():
-            k = int(np.flatnonzero(nbytes % unit)[0])
-            bad = self._parts[int(part[k])]
-            raise CorruptStoreError(f"record {int(local[k])} of {bad.path} holds {nbytes[k]} "
-                                    f"bytes, not a whole number of {unit}-byte rows")
+        _whole_rows(nbytes, self._parts[0]._schema.item_bytes,
+                    lambda k: (int(local[k]), self._parts[int(part[k])].path))
         return nbytes.astype(np.uint64)
 
     def gather_at(self, idxs: np.ndarray, dst: np.ndarray, offsets: np.ndarray) -> None:
@@ -246,7 +242,7 @@ class ConcatDataset:
     def _ragged(self, idxs: np.ndarray) -> list[np.ndarray]:
         """The records as a ragged dataset reads them: lengths, one buffer, each part's
         records gathered into their places, then one view per record."""
-        # Each part checks its records are whole rows (CorruptStoreError naming the record).
+        # Records that are not whole rows are refused there (CorruptStoreError naming them).
         nbytes = self.record_nbytes(idxs) if len(idxs) else np.zeros(0, np.uint64)
         offsets, total = _ragged_layout(nbytes)
         buf = np.empty(total, dtype=np.uint8)

@@ -30,7 +30,7 @@ keep working in ``fork``-ed children.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, SupportsIndex, overload
 
 import numpy as np
@@ -369,15 +369,8 @@ class RaggedDataset(_StoreView):
         return self._rows(self._store.lengths(flat), flat)
 
     def _rows(self, nbytes: np.ndarray, idxs: np.ndarray) -> np.ndarray:
-        unit = self._schema.item_bytes
-        if unit == 0:
-            return np.zeros(len(nbytes), dtype=np.int64)
-        rows, rem = np.divmod(nbytes.astype(np.int64), unit)
-        if rem.any():
-            k = int(np.flatnonzero(rem)[0])
-            raise CorruptStoreError(f"record {int(idxs[k])} of {self._path} holds {nbytes[k]} "
-                                    f"bytes, not a whole number of {unit}-byte rows")
-        return rows
+        return _whole_rows(nbytes, self._schema.item_bytes,
+                           lambda k: (int(idxs[k]), self._path))
 
     def _read(self, idxs: np.ndarray) -> list[np.ndarray]:
         nbytes = self._store.lengths(idxs)
@@ -387,6 +380,22 @@ class RaggedDataset(_StoreView):
         if len(idxs):
             self._store.gather(idxs, buf, offsets)
         return _ragged_views(buf, offsets, nbytes, self.dtype, self.item_shape)
+
+
+def _whole_rows(nbytes: np.ndarray, unit: int,
+                where: Callable[[int], tuple[int, str]]) -> np.ndarray:
+    """The rows (int64) of records of ``nbytes`` bytes, rows of ``unit`` bytes; a record that is
+    not whole rows is a :class:`CorruptStoreError` naming it (``where(k)``: the batch's record
+    ``k`` as its index in its store and the store's path)."""
+    if unit == 0:
+        return np.zeros(len(nbytes), dtype=np.int64)
+    rows, rem = np.divmod(nbytes.astype(np.int64), unit)
+    if rem.any():
+        k = int(np.flatnonzero(rem)[0])
+        index, path = where(k)
+        raise CorruptStoreError(f"record {index} of {path} holds {nbytes[k]} bytes, not a whole "
+                                f"number of {unit}-byte rows")
+    return rows
 
 
 def _ragged_layout(nbytes: npt.NDArray[Any]) -> tuple[npt.NDArray[np.uint64], int]:
