@@ -188,9 +188,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise _UsageError(f"{args.input}: not a readable .npy file ({e})") from None
     if not isinstance(arr, np.ndarray):
         raise _UsageError(f"{args.input}: holds several arrays (.npz); convert one .npy")
-    if _schema.is_store(args.out) and not (args.append or args.overwrite):
-        raise _UsageError(f"{args.out} already holds a dataset; pass --append to add these "
-                          "records to it or --overwrite to replace it")
+    _refuse_existing(args, "records")
     progress = None if args.progress == "auto" else args.progress == "on"
     args.codec = args.codec or "zstd"
     n = from_numpy(args.out, arr, codec=args.codec, chunk_bytes=args.chunk_bytes,
@@ -199,6 +197,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
                    checksums=args.checksums)
     print(f"{args.out}: {n} records ({arr.dtype.str} {tuple(arr.shape[1:])}, {args.codec})")
     return EXIT_OK
+
+
+def _refuse_existing(args: argparse.Namespace, what: str) -> None:
+    """A dataset at the destination is only appended to or replaced when asked."""
+    if _schema.is_store(args.out) and not (args.append or args.overwrite):
+        raise _UsageError(f"{args.out} already holds a dataset; pass --append to add these "
+                          f"{what} to it or --overwrite to replace it")
 
 
 def _convert_tokens(args: argparse.Namespace) -> int:
@@ -229,9 +234,7 @@ def _convert_tokens(args: argparse.Namespace) -> int:
                               f"{dtype.itemsize}-byte tokens; is --dtype right?")
         tokens = (np.memmap(args.input, dtype=dtype, mode="r") if size
                   else np.empty(0, dtype))
-    if _schema.is_store(args.out) and not (args.append or args.overwrite):
-        raise _UsageError(f"{args.out} already holds a dataset; pass --append to add these "
-                          "documents to it or --overwrite to replace it")
+    _refuse_existing(args, "documents")
     progress = None if args.progress == "auto" else args.progress == "on"
     codec = args.codec or "raw"
     n = from_token_stream(args.out, tokens, args.split_at, codec=codec,

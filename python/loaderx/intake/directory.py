@@ -61,17 +61,15 @@ the result an uninterrupted run gives, nothing duplicated (``overwrite=True`` is
 when a previous run completed).
 
 Codecs: a column declared without a codec of its own gets the writer's, zstd by default,
-*where it pays*: dense columns of records of at most :data:`RAW_RECORD_BYTES` bytes (scalars,
-small vectors) are stored raw, since a zstd frame's own header is about as large as such a
-record; and before the first rows are written, up to :data:`SAMPLE_RECORDS` records of the
-batch, spread over it, are looked at: a column whose records average under
-:data:`loaderx.converter.AUTO_RAW_BELOW` bytes (4 KiB: short strings, token rows, small
-vectors) is stored raw, as ``from_numpy(codec="auto")`` does -- decoding a zstd frame costs
-4-15 µs a record at those sizes, against a fraction of a microsecond to copy it, and it slowed
-the conversion of 600-byte strings to a fifth of the raw speed -- and a column the trial
-compression of the sample shrinks by less than :data:`MIN_SAVING` (JPEG bytes, random-looking
-floats) is stored raw too: it would save almost no space. ``codec={column: "zstd"}`` compresses
-a column whatever its records.
+*where it pays*. A column whose records are under :data:`loaderx.converter.AUTO_RAW_BELOW`
+bytes (4 KiB: scalars, small vectors, short strings, token rows) is stored raw, as
+``from_numpy(codec="auto")`` does -- decoding a zstd frame costs 4-15 µs a record at those
+sizes, against a fraction of a microsecond to copy it, and it slowed the conversion of 600-byte
+strings to a fifth of the raw speed: a dense column is decided by its record size when it is
+declared, a ragged one by the mean of up to :data:`SAMPLE_RECORDS` records of the first batch,
+spread over it. Of the rest, a column whose sample the trial compression shrinks by less than
+:data:`MIN_SAVING` (JPEG bytes, random-looking floats) is stored raw too: it would save almost
+no space. ``codec={column: "zstd"}`` compresses a column whatever its records.
 A codec given for a column (``add_column(codec=...)``) is used as it is. The manifest records
 each column's codec.
 """
@@ -118,8 +116,6 @@ VERSION = 1
 PARTS_DIR = "parts"
 #: Largest manifest read or written (it is metadata: class names, column types).
 MAX_MANIFEST_BYTES = 16 << 20
-#: Records of at most this many bytes are stored raw (see the module docstring).
-RAW_RECORD_BYTES = 16
 #: Records compressed as a trial before a column's codec is settled, and the least part of
 #: their bytes zstd must save for the column to be compressed.
 SAMPLE_RECORDS = 1024
@@ -588,8 +584,8 @@ class DirectoryWriter:
                                      "record limit")
         chosen = self.codec if codec is None else _store_codec(codec)
         adaptive = codec is None and chosen == "zstd"
-        if codec is None and kind == "dense" and row_bytes <= RAW_RECORD_BYTES:
-            chosen, adaptive = "raw", False
+        if codec is None and kind == "dense" and row_bytes < AUTO_RAW_BELOW:
+            chosen, adaptive = "raw", False  # small records: raw (see the module docstring)
         store = store_name(name, len(self._writers), (w.column.store for w in self._writers))
         column = Column(name, store, kind, dt, shape, chosen, dict(extra or {}))
         Manifest(0, (column,)).to_bytes()  # extra that cannot be written fails here, not later
@@ -681,7 +677,7 @@ class DirectoryWriter:
         sizes = (bounds[picks + 1] - bounds[picks]).astype(np.uint64)
         if not int(sizes.sum()):
             return
-        if int(sizes.sum()) < AUTO_RAW_BELOW * len(picks):  # small records: raw (see above)
+        if int(sizes.sum()) < AUTO_RAW_BELOW * len(picks):  # small on average: raw
             self._store_raw(w)
             return
         sample = np.concatenate([blob[int(bounds[i]):int(bounds[i + 1])] for i in picks])
