@@ -122,28 +122,20 @@ class GrowingPool:
         """A writable uint8 array of ``nbytes`` bytes (fill it, then take views of it: every
         view keeps the buffer from reuse)."""
         with self._lock:
-            kept = []
-            found = None
-            for b in self._buffers:
-                free = b.free()
-                if free and len(b.view) < self.capacity:
-                    continue  # outgrown and unseen: dropped
-                if free and found is None and len(b.view) >= nbytes:
-                    found = b
-                kept.append(b)
-            self._buffers = kept
+            fits = max(nbytes, self.capacity)  # a buffer below the capacity is outgrown
+            found = next((b for b in self._buffers if len(b.view) >= fits and b.free()), None)
             if found is None:
                 grain = self.GRAIN
                 want = -(-(nbytes + nbytes // 4) // grain) * grain or grain
                 self.capacity = max(self.capacity, want)
                 self.allocated += 1
                 found = _Buffer(self.capacity)
-                # Buffers below the new capacity go once unseen; the new one is kept in
-                # their place when the pool is full of them.
-                self._buffers = [b for b in self._buffers
-                                 if not (b.free() and len(b.view) < self.capacity)]
-                if not self.closed and len(self._buffers) < 2 * self.keep:
-                    self._buffers.append(found)
+            # Outgrown buffers go once nobody sees them; a new one takes a place left.
+            self._buffers = [b for b in self._buffers
+                             if len(b.view) >= self.capacity or not b.free()]
+            if (found not in self._buffers and not self.closed
+                    and len(self._buffers) < 2 * self.keep):
+                self._buffers.append(found)
             return found.view[:nbytes]
 
     def close(self) -> None:
