@@ -70,7 +70,11 @@ def split_documents(tokens: np.ndarray, eos_id: int) -> Iterator[np.ndarray]:
     (which are dropped), as views of ``tokens``, in order. Two end tokens in a row give an
     empty document; tokens after the last end token are the last document (none when the
     stream ends with one)."""
-    tokens, eos = _end_token(tokens, eos_id)
+    return _documents(*_end_token(tokens, eos_id))
+
+
+def _documents(tokens: np.ndarray, eos: int) -> Iterator[np.ndarray]:
+    """:func:`split_documents` of a checked stream."""
     start = 0
     for lo in range(0, len(tokens), _BLOCK):
         ends = np.flatnonzero(tokens[lo:lo + _BLOCK] == eos) + lo
@@ -98,7 +102,7 @@ def from_token_stream(path: str | os.PathLike[str], tokens: np.ndarray, eos_id: 
 
     def counted() -> Iterator[np.ndarray]:
         nonlocal documents
-        for doc in split_documents(tokens, eos):
+        for doc in _documents(tokens, eos):
             documents += 1
             yield doc
 
