@@ -14,7 +14,7 @@ from loaderx.concat import ConcatDataset
 from loaderx.converter import from_iterator, from_numpy
 from loaderx.dataloader import DataLoader
 from loaderx.dataset import DenseDataset
-from loaderx.errors import CorruptStoreError, DatasetError
+from loaderx.errors import CorruptStoreError, DatasetError, LoaderxIndexError, StoreClosedError
 from loaderx.sampler import Sampler
 from loaderx.zrecord import Zrecord
 
@@ -71,6 +71,24 @@ def test_loader_over_a_concatenation(view, paths):
             np.testing.assert_array_equal(batch["x"], ALL[idx])
             np.testing.assert_array_equal(batch["same"], ALL[idx])
     labels.close()
+
+
+def test_one_call_per_batch_refuses_what_a_part_would(paths):
+    """The native concatenation (``_native.Across``) locates the batch itself: an index past
+    the end is an index error before any row is written, negative ones count from the end as
+    NumPy's do, and once a part is closed the view is closed: every read says so."""
+    ds = ConcatDataset([DenseDataset(p) for p in paths])
+    n = len(ds)
+    np.testing.assert_array_equal(ds[np.array([n - 1, 0, -1], np.int64)], ALL[[n - 1, 0, -1]])
+    out = np.full((2, *ds.item_shape), 7, ds.dtype)
+    with pytest.raises(LoaderxIndexError, match=f"{n}"):
+        ds.gather(np.array([0, n], np.uint64), out=out)
+    assert (out == 7).all()
+    ds.parts[-1].close()
+    assert ds.closed
+    with pytest.raises(StoreClosedError):
+        ds[[0, 1]]
+    ds.close()
 
 
 def test_pickles_by_paths_and_checks_schemas(paths, tmp_path):

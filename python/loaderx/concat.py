@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from loaderx import _native
 from loaderx.dataset import (
+    _BATCH_INDEX,
+    _U64,
     DenseDataset,
     RaggedDataset,
+    _batch_buffer,
     _dense_gather,
     _indices,
     _one_index,
@@ -91,9 +94,9 @@ class ConcatDataset:
         self._starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint64)
         self._len = int(self._starts[-1])
         self.record_bytes = first.record_bytes if isinstance(first, DenseDataset) else 0
-        # The parts' native handles: a batch over several parts is one native call
-        # (``_native.*_across``), each part's records read by its own store.
-        self._natives = [p._store._native for p in self._parts]
+        # One native call per batch, with the batch's own indices: the engine locates each
+        # record's part and reads each part's records through its own store.
+        self._across = _native.Across([p._store._native for p in self._parts], self._starts)
 
     # -- what the datasets share ------------------------------------------------------------------
 
@@ -152,6 +155,11 @@ class ConcatDataset:
         return part, idxs - self._starts[part]
 
     def __getitem__(self, idx: Any) -> Any:
+        if (self.kind == "dense" and type(idx) is np.ndarray and idx.ndim == 1
+                and idx.dtype in _BATCH_INDEX):
+            out = self._batch(idx)
+            if out is not None:
+                return out
         one = _one_index(idx, self._len)
         if one is not None:
             part, local = self._locate(np.array([one], dtype=np.uint64))
@@ -160,6 +168,19 @@ class ConcatDataset:
         if self.kind == "ragged":
             return self._ragged(flat.reshape(-1))
         return self.gather(flat.reshape(-1)).reshape(flat.shape + self.item_shape)
+
+    def _batch(self, idx: np.ndarray) -> np.ndarray | None:
+        """A dense batch given as a 1-D int64 or uint64 array, on the shortest path (as
+        ``DenseDataset`` has it): the engine checks the indices before it writes anything, and
+        None sends an index it refuses (negative, or out of range) to the general path."""
+        n = len(idx)
+        raw = _batch_buffer(n * self.record_bytes)
+        try:
+            self._across.gather_fixed(idx.view(_U64), raw, self.record_bytes, None, None)
+        except LoaderxIndexError:
+            return None
+        out: np.ndarray = raw.view(self.dtype).reshape((n, *self.item_shape))
+        return out
 
     def __getitems__(self, idxs: Sequence[int]) -> Any:
         flat = _indices(idxs, self._len).reshape(-1)
@@ -202,42 +223,26 @@ class ConcatDataset:
     def gather_rows(self, idxs: np.ndarray, dst: np.ndarray, shards: int | None = None,
                     rows: np.ndarray | None = None) -> None:
         """Dense views: each part's records of the batch go straight to their rows of ``dst``
-        (see :mod:`loaderx.source`)."""
-        self._check(idxs)
-        part, local = self._locate(idxs)
-        if len(self._parts) == 1:
-            cast(DenseDataset, self._parts[0]).gather_rows(local, dst, shards, rows)
-            return
-        _native.gather_fixed_across(self._natives, part, local, dst, self.record_bytes, shards,
-                                    rows)
-
-    def _check(self, idxs: np.ndarray) -> None:
-        if int(idxs.max(initial=0)) >= self._len:
-            bad = int(idxs[idxs >= self._len][0])
-            raise LoaderxIndexError(f"index {bad} is out of range for {self._len} records")
+        (see :mod:`loaderx.source`); an index out of range is refused before any is read."""
+        self._across.gather_fixed(idxs, dst, self.record_bytes, shards, rows)
 
     def record_nbytes(self, idxs: np.ndarray) -> np.ndarray:
         """Ragged views: each record's byte length (uint64), from its part's record table (see
         :mod:`loaderx.source`)."""
-        self._check(idxs)
-        part, local = self._locate(idxs)
-        if len(self._parts) == 1:
-            return cast(RaggedDataset, self._parts[0]).record_nbytes(local)
         nbytes = np.empty(len(idxs), dtype=np.uint32)
-        _native.lengths_across(self._natives, part, local, nbytes)
-        _whole_rows(nbytes, self._parts[0]._schema.item_bytes,
-                    lambda k: (int(local[k]), self._parts[int(part[k])].path))
+        self._across.lengths(idxs, nbytes)
+        _whole_rows(nbytes, self._parts[0]._schema.item_bytes, lambda k: self._where(idxs[k]))
         return nbytes.astype(np.uint64)
+
+    def _where(self, index: Any) -> tuple[int, str]:
+        """Record ``index`` of the view as (its index in its part, the part's path)."""
+        part, local = self._locate(np.array([index], dtype=np.uint64))
+        return int(local[0]), self._parts[int(part[0])].path
 
     def gather_at(self, idxs: np.ndarray, dst: np.ndarray, offsets: np.ndarray) -> None:
         """Ragged views: each part's records of the batch go straight to their offsets in
-        ``dst``, one native call per part (see :mod:`loaderx.source`)."""
-        self._check(idxs)
-        part, local = self._locate(idxs)
-        if len(self._parts) == 1:
-            cast(RaggedDataset, self._parts[0]).gather_at(local, dst, offsets)
-            return
-        _native.gather_across(self._natives, part, local, dst, offsets)
+        ``dst``, in one native call (see :mod:`loaderx.source`)."""
+        self._across.gather(idxs, dst, offsets)
 
     def _ragged(self, idxs: np.ndarray) -> list[np.ndarray]:
         """The records as a ragged dataset reads them: lengths, one buffer, each part's

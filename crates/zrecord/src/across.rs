@@ -1,58 +1,105 @@
 //! Reads over several stores in one call: a concatenation of stores (a dataset converted in
 //! parts, one store per part) reads a batch whose records lie in many of them. Each store's
 //! records of the batch go to it in one call of its own, so every guarantee of a single-store
-//! read holds per store; what this saves is the caller's work per store -- grouping the batch,
-//! and, from Python, one crossing of the binding per store.
+//! read holds per store; what this saves is the caller's work per store -- locating and
+//! grouping the batch, and, from Python, one crossing of the binding per store.
 //!
-//! `parts[i]` names the store of `indices[i]` (an index into `stores`). The batch is grouped by
-//! a counting sort into one array, so each store sees its records in batch order, and one pair
-//! of index buffers serves every store of a call. A call that fails may have written the records
-//! of the stores before the failing one.
+//! The stores are one index space: store `k` holds the records `starts[k]..starts[k + 1]`
+//! (`starts` has one entry more than there are stores, from 0, never decreasing), so record
+//! `i` of the concatenation is record `i - starts[k]` of the store `k` whose range holds it.
+//! The batch is located by a binary search of `starts` per record and grouped by a counting
+//! sort into one array, so each store sees its records in batch order, and one pair of index
+//! buffers serves every store of a call. A call that fails may have written the records of the
+//! stores before the failing one; an index past the last store fails before anything is read.
+
+use std::ops::Range;
 
 use crate::error::{Error, Result};
 use crate::store::Store;
 
-/// The batch grouped by store: `order` holds the batch positions store by store (each store's
-/// in batch order, a counting sort), and store `k`'s are `order[bounds[k]..bounds[k + 1]]`.
+/// The batch located and grouped by store: `local[i]` is record `i`'s index in its store, and
+/// store `k`'s records are the batch positions `bounds[k]..bounds[k + 1]` -- of the batch
+/// itself when its stores never decrease (a sorted batch: no reordering at all), else of
+/// `order`, the positions store by store (each store's in batch order, a counting sort).
 struct Groups {
-    order: Vec<usize>,
+    local: Vec<u64>,
     bounds: Vec<usize>,
+    order: Option<Vec<usize>>,
+}
+
+/// A store's records of the batch: a run of batch positions, or positions picked from it.
+enum Positions<'a> {
+    Run(Range<usize>),
+    Picked(&'a [usize]),
 }
 
 impl Groups {
-    fn new(stores: usize, parts: &[u32], len: usize) -> Result<Self> {
-        if parts.len() != len {
-            return Err(Error::invalid(format!("{len} indices but {} part numbers", parts.len())));
-        }
+    fn new(stores: usize, starts: &[u64], indices: &[u64]) -> Result<Self> {
+        check_starts(stores, starts)?;
+        let total = starts[stores];
+        let mut part = Vec::with_capacity(indices.len());
+        let mut local = Vec::with_capacity(indices.len());
         let mut bounds = vec![0usize; stores + 1];
-        for (i, &p) in parts.iter().enumerate() {
-            let slot = bounds.get_mut(p as usize + 1).filter(|_| (p as usize) < stores);
-            *slot.ok_or_else(|| {
-                Error::invalid(format!(
-                    "part number {p} at position {i}, but there are {stores} stores"
-                ))
-            })? += 1;
+        let (mut k, mut sorted) = (0usize, true);
+        for &index in indices {
+            if index >= total {
+                return Err(Error::IndexOutOfRange { index, len: total });
+            }
+            // Most batches are sorted: the previous record's store is tried first. Otherwise
+            // the last store starting at or before `index` (an empty store starts where the
+            // next one does, and is passed over).
+            if !(starts[k] <= index && index < starts[k + 1]) {
+                let found = starts.partition_point(|&s| s <= index) - 1;
+                sorted &= found > k;
+                k = found;
+            }
+            part.push(k);
+            local.push(index - starts[k]);
+            bounds[k + 1] += 1;
         }
         for k in 0..stores {
             bounds[k + 1] += bounds[k];
         }
-        let mut next = bounds.clone();
-        let mut order = vec![0usize; len];
-        for (i, &p) in parts.iter().enumerate() {
-            order[next[p as usize]] = i;
-            next[p as usize] += 1;
-        }
-        Ok(Groups { order, bounds })
+        let order = (!sorted).then(|| {
+            let mut next = bounds.clone();
+            let mut order = vec![0usize; indices.len()];
+            for (i, &k) in part.iter().enumerate() {
+                order[next[k]] = i;
+                next[k] += 1;
+            }
+            order
+        });
+        Ok(Groups { local, bounds, order })
     }
 
     /// `(store, positions)` for each store with records in the batch, in store order.
-    fn each(&self) -> impl Iterator<Item = (usize, &[usize])> {
-        self.bounds
-            .windows(2)
-            .enumerate()
-            .filter(|(_, w)| w[1] > w[0])
-            .map(|(k, w)| (k, &self.order[w[0]..w[1]]))
+    fn each(&self) -> impl Iterator<Item = (usize, Positions<'_>)> {
+        self.bounds.windows(2).enumerate().filter(|(_, w)| w[1] > w[0]).map(|(k, w)| {
+            let at = match &self.order {
+                None => Positions::Run(w[0]..w[1]),
+                Some(order) => Positions::Picked(&order[w[0]..w[1]]),
+            };
+            (k, at)
+        })
     }
+}
+
+/// Checks that `starts` describes `stores` stores: one entry more, from 0, never decreasing.
+///
+/// # Errors
+/// `InvalidArgument` naming what is wrong.
+pub fn check_starts(stores: usize, starts: &[u64]) -> Result<()> {
+    if starts.len() != stores + 1 {
+        return Err(Error::invalid(format!(
+            "{stores} stores need {} start offsets, got {}",
+            stores + 1,
+            starts.len()
+        )));
+    }
+    if starts[0] != 0 || starts.windows(2).any(|w| w[1] < w[0]) {
+        return Err(Error::invalid("store start offsets must begin at 0 and never decrease"));
+    }
+    Ok(())
 }
 
 /// `values[i]` for each of `positions`, into `out` (cleared first): one buffer serves every
@@ -62,46 +109,85 @@ fn pick(values: &[u64], positions: &[usize], out: &mut Vec<u64>) {
     out.extend(positions.iter().map(|&i| values[i]));
 }
 
-/// [`Store::gather_fixed_at`] over several stores: record `indices[i]` of store `parts[i]`
+/// [`Store::gather_fixed_at`] over several stores: record `indices[i]` of the concatenation
 /// into row `i` of `dst` (or row `rows[i]`, strictly increasing).
 ///
 /// # Errors
-/// A part number past `stores`, or what a store's own gather refuses.
+/// Bad `starts`, an index past the concatenation, or what a store's own gather refuses.
 pub fn gather_fixed_across(
     stores: &[&Store],
-    parts: &[u32],
+    starts: &[u64],
     indices: &[u64],
     rows: Option<&[u64]>,
     dst: &mut [u8],
     record_len: usize,
     max_shards: usize,
 ) -> Result<()> {
-    if rows.is_some_and(|r| r.len() != indices.len()) {
-        return Err(Error::invalid("one destination row per index"));
+    match rows {
+        Some(r) if r.len() != indices.len() => {
+            return Err(Error::invalid("one destination row per index"));
+        }
+        None if indices.len().checked_mul(record_len) != Some(dst.len()) => {
+            return Err(Error::invalid(format!(
+                "destination holds {} bytes, not {} records of {record_len} bytes",
+                dst.len(),
+                indices.len()
+            )));
+        }
+        _ => {}
     }
-    let groups = Groups::new(stores.len(), parts, indices.len())?;
+    let groups = Groups::new(stores.len(), starts, indices)?;
     let (mut local, mut into) = (Vec::new(), Vec::new());
     for (k, positions) in groups.each() {
-        pick(indices, positions, &mut local);
-        if let Some(r) = rows {
-            pick(r, positions, &mut into);
-        } else {
-            into.clear();
-            into.extend(positions.iter().map(|&i| i as u64));
+        match positions {
+            // A run of rows: the store fills its own slice of `dst` (or its run of `rows`).
+            Positions::Run(run) => {
+                let local = &groups.local[run.clone()];
+                match rows {
+                    None => {
+                        let bytes = run.start * record_len..run.end * record_len;
+                        stores[k].gather_fixed_at(
+                            local,
+                            None,
+                            &mut dst[bytes],
+                            record_len,
+                            max_shards,
+                        )?;
+                    }
+                    Some(r) => {
+                        stores[k].gather_fixed_at(
+                            local,
+                            Some(&r[run]),
+                            dst,
+                            record_len,
+                            max_shards,
+                        )?;
+                    }
+                }
+            }
+            Positions::Picked(positions) => {
+                pick(&groups.local, positions, &mut local);
+                if let Some(r) = rows {
+                    pick(r, positions, &mut into);
+                } else {
+                    into.clear();
+                    into.extend(positions.iter().map(|&i| i as u64));
+                }
+                stores[k].gather_fixed_at(&local, Some(&into), dst, record_len, max_shards)?;
+            }
         }
-        stores[k].gather_fixed_at(&local, Some(&into), dst, record_len, max_shards)?;
     }
     Ok(())
 }
 
-/// [`Store::gather`] over several stores: record `indices[i]` of store `parts[i]` into `dst`
+/// [`Store::gather`] over several stores: record `indices[i]` of the concatenation into `dst`
 /// at byte `offsets[i]`.
 ///
 /// # Errors
-/// A part number past `stores`, or what a store's own gather refuses.
+/// Bad `starts`, an index past the concatenation, or what a store's own gather refuses.
 pub fn gather_across(
     stores: &[&Store],
-    parts: &[u32],
+    starts: &[u64],
     indices: &[u64],
     dst: &mut [u8],
     offsets: &[u64],
@@ -109,29 +195,43 @@ pub fn gather_across(
     if offsets.len() != indices.len() {
         return Err(Error::invalid("one destination offset per index"));
     }
-    let groups = Groups::new(stores.len(), parts, indices.len())?;
+    let groups = Groups::new(stores.len(), starts, indices)?;
     let (mut local, mut at) = (Vec::new(), Vec::new());
     for (k, positions) in groups.each() {
-        pick(indices, positions, &mut local);
-        pick(offsets, positions, &mut at);
-        stores[k].gather(&local, dst, &at)?;
+        match positions {
+            Positions::Run(run) => {
+                stores[k].gather(&groups.local[run.clone()], dst, &offsets[run])?;
+            }
+            Positions::Picked(positions) => {
+                pick(&groups.local, positions, &mut local);
+                pick(offsets, positions, &mut at);
+                stores[k].gather(&local, dst, &at)?;
+            }
+        }
     }
     Ok(())
 }
 
-/// [`Store::lengths`] over several stores: the logical length of record `indices[i]` of store
-/// `parts[i]`.
+/// [`Store::lengths`] over several stores: the logical length of record `indices[i]` of the
+/// concatenation.
 ///
 /// # Errors
-/// A part number past `stores`, or an index past its store's length.
-pub fn lengths_across(stores: &[&Store], parts: &[u32], indices: &[u64]) -> Result<Vec<u32>> {
+/// Bad `starts`, an index past the concatenation, or past its store's own length.
+pub fn lengths_across(stores: &[&Store], starts: &[u64], indices: &[u64]) -> Result<Vec<u32>> {
     let mut out = vec![0u32; indices.len()];
-    let groups = Groups::new(stores.len(), parts, indices.len())?;
+    let groups = Groups::new(stores.len(), starts, indices)?;
     let mut local = Vec::new();
     for (k, positions) in groups.each() {
-        pick(indices, positions, &mut local);
-        for (&i, len) in positions.iter().zip(stores[k].lengths(&local)?) {
-            out[i] = len;
+        match positions {
+            Positions::Run(run) => {
+                out[run.clone()].copy_from_slice(&stores[k].lengths(&groups.local[run])?);
+            }
+            Positions::Picked(positions) => {
+                pick(&groups.local, positions, &mut local);
+                for (&i, len) in positions.iter().zip(stores[k].lengths(&local)?) {
+                    out[i] = len;
+                }
+            }
         }
     }
     Ok(out)

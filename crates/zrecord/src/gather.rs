@@ -89,15 +89,22 @@ impl Store {
                     .zip(records)
                     .map(|(dst, (index, loc))| Slot { index, loc, dst })
                     .collect(),
+                // Rows strictly increasing (check_rows): each slot is split off the rest of
+                // `dst` at its row, so the cost follows the records, not the destination's
+                // size (a store of a concatenation fills a few of a batch's rows).
                 Some(rows) => {
-                    let mut wanted = rows.iter().copied().peekable();
-                    dst.chunks_exact_mut(record_len)
-                        .enumerate()
-                        .filter(|&(row, _)| wanted.next_if_eq(&(row as u64)).is_some())
-                        .map(|(_, d)| d)
-                        .zip(records)
-                        .map(|(dst, (index, loc))| Slot { index, loc, dst })
-                        .collect()
+                    let mut rest: &mut [u8] = dst;
+                    let mut at = 0usize;
+                    let mut slots = Vec::with_capacity(rows.len());
+                    for (&row, (index, loc)) in rows.iter().zip(records) {
+                        let skip = (row as usize - at) * record_len;
+                        let (slot, tail) =
+                            std::mem::take(&mut rest)[skip..].split_at_mut(record_len);
+                        rest = tail;
+                        at = row as usize + 1;
+                        slots.push(Slot { index, loc, dst: slot });
+                    }
+                    slots
                 }
             };
             if let Some(s) = slots.iter().find(|s| s.loc.logic_length as usize != record_len) {

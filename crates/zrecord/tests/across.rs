@@ -1,5 +1,5 @@
 //! Reads over several stores in one call (`zrecord::across`): the same bytes as reading each
-//! store alone, records of any store in any batch order, and bad part numbers refused.
+//! store alone, records of any store in any batch order, and bad offsets and indices refused.
 
 mod common;
 use common::*;
@@ -22,25 +22,27 @@ fn stores(dirs: &[tempfile::TempDir], codec: Codec) -> Vec<Store> {
 
 #[test]
 fn a_batch_across_stores_equals_each_record_read_alone() {
-    for codec in [Codec::Raw, Codec::Zstd] {
+    // Unsorted (grouped by a counting sort) and sorted (each store a run of the batch).
+    for (codec, sorted) in [(Codec::Raw, false), (Codec::Zstd, false), (Codec::Raw, true)] {
         let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
         let owned = stores(&dirs, codec);
         let refs: Vec<&Store> = owned.iter().collect();
         let mut rng = Rng(7);
-        let parts: Vec<u32> = (0..200).map(|_| rng.below(3) as u32).collect();
-        let idx: Vec<u64> = (0..200).map(|_| rng.below(40)).collect();
-        let want: Vec<u8> = parts
-            .iter()
-            .zip(&idx)
-            .flat_map(|(&p, &i)| record(u64::from(p) * 1000 + i, 24))
-            .collect();
+        let mut idx: Vec<u64> = (0..200).map(|_| rng.below(120)).collect();
+        if sorted {
+            idx.sort_unstable();
+        }
+        let (parts, local): (Vec<u64>, Vec<u64>) = idx.iter().map(|&i| (i / 40, i % 40)).unzip();
+        let starts = [0, 40, 80, 120];
+        let want: Vec<u8> =
+            parts.iter().zip(&local).flat_map(|(&p, &i)| record(p * 1000 + i, 24)).collect();
         let mut got = vec![0u8; 200 * 24];
-        gather_fixed_across(&refs, &parts, &idx, None, &mut got, 24, usize::MAX).unwrap();
-        assert!(got == want, "fixed ({codec:?})");
+        gather_fixed_across(&refs, &starts, &idx, None, &mut got, 24, usize::MAX).unwrap();
+        assert!(got == want, "fixed ({codec:?}, sorted {sorted})");
         // Into every other row of a larger buffer; rows between stay untouched.
         let rows: Vec<u64> = (0..200).map(|i| 2 * i).collect();
         let mut spread = vec![0xAAu8; 400 * 24];
-        gather_fixed_across(&refs, &parts, &idx, Some(&rows), &mut spread, 24, 1).unwrap();
+        gather_fixed_across(&refs, &starts, &idx, Some(&rows), &mut spread, 24, 1).unwrap();
         for i in 0..200 {
             assert!(spread[2 * i * 24..(2 * i + 1) * 24] == want[i * 24..(i + 1) * 24]);
             assert!(spread[(2 * i + 1) * 24..(2 * i + 2) * 24].iter().all(|&b| b == 0xAA));
@@ -48,25 +50,44 @@ fn a_batch_across_stores_equals_each_record_read_alone() {
         // Back to back at offsets, as a ragged read lays them out (here in reverse).
         let offsets: Vec<u64> = (0..200).map(|i| (199 - i) * 24).collect();
         let mut at = vec![0u8; 200 * 24];
-        gather_across(&refs, &parts, &idx, &mut at, &offsets).unwrap();
+        gather_across(&refs, &starts, &idx, &mut at, &offsets).unwrap();
         for i in 0..200 {
             let o = (199 - i) * 24;
             assert!(at[o..o + 24] == want[i * 24..(i + 1) * 24]);
         }
-        assert_eq!(lengths_across(&refs, &parts, &idx).unwrap(), vec![24; 200]);
+        assert_eq!(lengths_across(&refs, &starts, &idx).unwrap(), vec![24; 200]);
     }
 }
 
 #[test]
-fn bad_part_numbers_and_indices_are_refused() {
+fn an_empty_store_between_others_is_passed_over() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let owned = stores(&dirs, Codec::Raw);
+    let refs: Vec<&Store> = owned.iter().collect();
+    // The middle store contributes no records: 0..40 are store 0's, 40..60 store 2's first 20.
+    let starts = [0, 40, 40, 60];
+    let idx = [0, 39, 40, 59];
+    let mut got = vec![0u8; 4 * 24];
+    gather_fixed_across(&refs, &starts, &idx, None, &mut got, 24, 1).unwrap();
+    let want: Vec<u8> = [0, 39, 2000, 2019].iter().flat_map(|&r| record(r, 24)).collect();
+    assert!(got == want);
+}
+
+#[test]
+fn bad_offsets_and_indices_are_refused() {
     let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let owned = stores(&dirs, Codec::Raw);
     let refs: Vec<&Store> = owned.iter().collect();
-    let mut dst = vec![0u8; 2 * 24];
-    let bad = gather_fixed_across(&refs, &[0, 2], &[1, 1], None, &mut dst, 24, 1);
-    assert!(matches!(bad, Err(Error::InvalidArgument(m)) if m.contains("part number 2")));
-    let short = gather_fixed_across(&refs, &[0], &[1, 1], None, &mut dst, 24, 1);
-    assert!(matches!(short, Err(Error::InvalidArgument(_))));
-    let past = lengths_across(&refs, &[1], &[40]);
-    assert!(matches!(past, Err(Error::IndexOutOfRange { index: 40, len: 40 })));
+    let mut dst = vec![0xAAu8; 2 * 24];
+    // An index past the concatenation fails before any store is read.
+    let past = gather_fixed_across(&refs, &[0, 40, 80], &[1, 80], None, &mut dst, 24, 1);
+    assert!(matches!(past, Err(Error::IndexOutOfRange { index: 80, len: 80 })));
+    assert!(dst.iter().all(|&b| b == 0xAA));
+    for starts in [&[0, 40][..], &[1, 40, 80], &[0, 50, 40], &[0, 40, 80, 120]] {
+        let bad = gather_fixed_across(&refs, starts, &[1], None, &mut dst[..24], 24, 1);
+        assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{starts:?}");
+    }
+    // Offsets that claim more records than a store holds: its own check refuses the index.
+    let beyond = lengths_across(&refs, &[0, 50, 90], &[45]);
+    assert!(matches!(beyond, Err(Error::IndexOutOfRange { index: 45, len: 40 })));
 }
