@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import os
 import pathlib
 import platform
@@ -76,7 +77,8 @@ def main() -> None:
     parser.add_argument("layer", nargs="?", default="all", choices=[*LAYERS, "all"])
     parser.add_argument("--repeats", type=int, default=None, help="runs per figure (median)")
     parser.add_argument("--warm-only", action="store_true",
-                        help="skip the cold rows (nothing cached) of store and loader")
+                        help="skip the cold rows (nothing cached) of store and loader, "
+                             "the contenders' included")
     args = parser.parse_args()
     print("## Machine\n")
     print(machine_block())
@@ -90,7 +92,11 @@ def main() -> None:
         kwargs = {} if args.repeats is None else {"repeats": args.repeats}
         mod.main(**kwargs)
         for more in MORE.get(layer, ()):
-            importlib.import_module(more).main(**kwargs)
+            more_main = importlib.import_module(more).main
+            # A module with cold rows of its own (bench_contenders) skips them with --warm-only.
+            skip_cold = ({"cold_batches": 0} if args.warm_only and "cold_batches"
+                         in inspect.signature(more_main).parameters else {})
+            more_main(**kwargs, **skip_cold)
         # Store and loader also run cold: nothing cached (bench_cold.py).
         if layer in COLD and not args.warm_only:
             getattr(importlib.import_module("bench_cold"), COLD[layer])(

@@ -25,6 +25,21 @@ window of items around each one). Contenders that are not installed are skipped
 rows copied out of an array in RAM on the pool and with the sharding of a gather, no store
 (``_native.copy_records``), which no reader of the rows can beat by much: the most any reader
 can be faster than a contender is about the ceiling's rate over the contender's.
+
+Reads, cold (``--cold-batches`` N, 0 skips them; the method of ``bench_cold.py``): the same
+readers on ``N`` other random batches (the same for every format), nothing of the files cached.
+For each format in each repeat (formats interleaved, the order rotated per repeat): the reader
+objects of every earlier run are dropped, every file under the format's output directory
+(Lance's ``data/``, ``_versions/`` and ``_transactions/``; Hugging Face's Arrow files and its
+cache directory where one is left; Mosaic's shards and ``index.json``; LitData's chunks and
+``index.json``; loaderx's chunk and table files) is evicted with ``posix_fadvise(DONTNEED)``,
+the reader is opened (timed: the cold open), everything is evicted again (what the open read
+would otherwise serve the first batch) and ``fincore`` reports what is still resident (pages
+the open reader keeps mapped), then the ``N`` batches are timed. Also per batch: the bytes the
+process read from the device (``read_bytes`` of ``/proc/self/io``). The physical reference, in
+each repeat: ``fio`` random 12 KiB reads with ``O_DIRECT`` at queue depth 128 on loaderx's chunk
+file of ``x`` (``bench_cold.fio``), as batches of 256 such reads per second. Cold ratios are
+medians of the per-repeat ratios (rows of one repeat run seconds apart on this noisy machine).
 """
 
 from __future__ import annotations
@@ -32,6 +47,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import io
 import json
 import os
@@ -45,9 +61,13 @@ from typing import Any
 
 import numpy as np
 
+from bench_cold import evict, fio, read_bytes, resident_bytes
+
 ROWS, DIM, ROW_GROUP, BATCH = 40_000, 3072, 2048, 256
 # Each read figure: batches for at least this long (and at least MIN_BATCHES of them).
 READ_SECONDS, MIN_BATCHES = 0.5, 3
+# Cold: batches per run (each run starts with nothing of the format's files cached).
+COLD_BATCHES = 30
 
 
 def _available(module: str) -> bool:
@@ -249,13 +269,145 @@ def _rate(name: str, read: Callable[[np.ndarray], Any], batches: list[np.ndarray
             return done / elapsed
 
 
+def _tree(*dirs: str) -> list[str]:
+    """Every regular file under ``dirs`` (those that exist)."""
+    out = []
+    for d in dirs:
+        for root, _, files in os.walk(d):
+            out += [os.path.join(root, f) for f in files
+                    if os.path.isfile(os.path.join(root, f))]
+    return sorted(out)
+
+
+def _cold_files(dst: str) -> list[str]:
+    """What a cold run of the format at ``dst`` must find uncached: its whole output directory,
+    and Hugging Face's cache directory of the conversion where it is still there."""
+    return _tree(dst, dst + ".cache")
+
+
+def _chunk_file(dst: str, column: str) -> str:
+    """loaderx's largest chunk file (``<n>.zr``) of ``column``: fio's file."""
+    d = os.path.join(dst, column)
+    chunks = [os.path.join(d, f) for f in os.listdir(d)
+              if f.endswith(".zr") and f[:-3].isdigit()]
+    return max(chunks, key=os.path.getsize)
+
+
+def _read_ahead_kb(path: str) -> str:
+    """The read_ahead_kb of the block device under ``path`` ("?" where it cannot be found)."""
+    dev = os.stat(path).st_dev
+    base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
+    for queue in (f"{base}/queue", f"{base}/../queue"):  # a disk, or a partition of one
+        try:
+            with open(f"{queue}/read_ahead_kb") as f:
+                return f.read().strip()
+        except OSError:
+            pass
+    return "?"
+
+
+def _cold_run(name: str, dst: str, column: str, opener: Callable[[str, str], Any],
+              batches: list[np.ndarray], expect: np.ndarray) -> dict[str, float]:
+    """One cold run of a reader: evict, open, evict again, fincore, then the batches."""
+    _MOSAIC.clear()
+    gc.collect()  # the reader objects of earlier runs, and the pages they keep mapped
+    files = _cold_files(dst)
+    evict(files)
+    t = time.perf_counter()
+    read = opener(dst, column)
+    opened = time.perf_counter() - t
+    evict(files)
+    residue = resident_bytes(files)
+    before = read_bytes()
+    t = time.perf_counter()
+    first = np.array(read(batches[0]))
+    for idx in batches[1:]:
+        read(idx)
+    elapsed = time.perf_counter() - t
+    device = read_bytes() - before
+    del read
+    _MOSAIC.clear()
+    if not np.array_equal(first.reshape(expect.shape), expect):
+        raise AssertionError(f"{name} read other rows than the source's (cold)")
+    return {"bps": len(batches) / elapsed, "open": opened, "device": device / len(batches),
+            "residue": -1 if residue is None else residue,
+            # allocated bytes: loaderx's table files are sparse
+            "size": sum(os.stat(f).st_blocks * 512 for f in files)}
+
+
+def _cold(tmp: str, readers: list, in_ram: dict[str, np.ndarray], rows: int, repeats: int,
+          count: int) -> tuple[dict[tuple[str, str], list[dict[str, float]]],
+                               list[float | None]]:
+    """Every reader's cold runs (formats interleaved, the order rotated per repeat), and fio's
+    batches/s on loaderx's chunk file of ``x``, once per repeat."""
+    rng = np.random.default_rng(2)  # other rows than the warm batches'
+    batches = [np.sort(rng.choice(rows, BATCH, replace=False)) for _ in range(count)]
+    os.sync()  # no conversion's writeback under the cold reads
+    runs: dict[tuple[str, str], list[dict[str, float]]] = {}
+    fio_bps: list[float | None] = []
+    chunk = _chunk_file(os.path.join(tmp, "loaderx0"), "x")
+    for r in range(repeats):
+        order = readers[r % len(readers):] + readers[:r % len(readers)]
+        for column in ("x", "label"):
+            expect = in_ram[column][batches[0]]
+            for name, _, opener, _ in order:
+                runs.setdefault((name, column), []).append(_cold_run(
+                    name, os.path.join(tmp, f"{name}0"), column, opener, batches, expect))
+            if column == "x":
+                mib = fio(chunk, DIM * 4)
+                fio_bps.append(None if mib is None else mib * 2**20 / (BATCH * DIM * 4))
+    return runs, fio_bps
+
+
+def _print_cold(runs: dict[tuple[str, str], list[dict[str, float]]],
+                fio_bps: list[float | None],
+                readers: list, repeats: int, count: int, read_ahead: str) -> None:
+    m = statistics.median
+    print(f"\n## Random batches after conversion -- {BATCH} sorted random rows, COLD (every "
+          f"file of the format evicted with posix_fadvise(DONTNEED) before the reader is "
+          f"opened and again after; {count} batches a run, other rows than the warm ones, the "
+          f"same for every format), medians of {repeats}; block device read_ahead_kb "
+          f"{read_ahead}\n")
+    print("| reader | x (12 KiB) cold batches/s | loaderx vs it | x device MiB/batch | "
+          "label (int64) cold batches/s | loaderx vs it | label device MiB/batch | "
+          "cold open ms | fincore resident after eviction (max) / files |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    for name, _, _, _ in readers:
+        cells = []
+        for column in ("x", "label"):
+            mine, lx = runs[(name, column)], runs[("loaderx", column)]
+            # paired: the loaderx run of the same repeat (seconds apart)
+            ratio = m(a["bps"] / b["bps"] for a, b in zip(lx, mine, strict=True))
+            cells += [f"{m(x['bps'] for x in mine):,.1f}",
+                      "1.00x" if name == "loaderx" else f"{ratio:,.2f}x",
+                      f"{m(x['device'] for x in mine) / 2**20:,.2f}"]
+        both = runs[(name, "x")] + runs[(name, "label")]
+        residue = max(x["residue"] for x in both)
+        shown = "fincore not installed" if residue < 0 else f"{residue:,.0f} B"
+        print(f"| {name} | {' | '.join(cells)} | {m(x['open'] for x in both) * 1e3:,.1f} | "
+              f"{shown} / {both[0]['size'] / 2**20:,.0f} MiB on disk |")
+    print(f"\nRecord bytes per batch: x {BATCH * DIM * 4 / 2**20:.2f} MiB, label "
+          f"{BATCH * 8 / 2**20:.4f} MiB. \"device MiB/batch\": the process's read_bytes "
+          "(/proc/self/io) over the batches of a run, per batch.")
+    pairs = [(a["bps"], f) for a, f in zip(runs[("loaderx", "x")], fio_bps, strict=True)
+             if f is not None]
+    if pairs:
+        device = m(f for _, f in pairs)
+        print(f"\nfio randread 12 KiB, O_DIRECT, libaio QD128 on loaderx's chunk file of x: "
+              f"{device:,.1f} batches of {BATCH} reads/s ({device * BATCH * DIM * 4 / 2**20:,.0f}"
+              f" MiB/s, median of {len(pairs)}); loaderx cold x: "
+              f"{m(a / f for a, f in pairs):.2f}x of it (the median of the per-repeat ratios).")
+    else:
+        print("\nfio: not installed (no device reference).")
+
+
 def _verdict(ratio: float, target: float | None) -> str:
     if target is None:
         return "(info)"
     return f">= {target:g}x: {'met' if ratio >= target else 'SHORT'}"
 
 
-def main(repeats: int = 5, rows: int = ROWS) -> None:
+def main(repeats: int = 5, rows: int = ROWS, cold_batches: int = COLD_BATCHES) -> None:
     if not _available("pyarrow"):
         print("\n## Contenders: not available (pyarrow is not installed)")
         return
@@ -304,7 +456,11 @@ def main(repeats: int = 5, rows: int = ROWS) -> None:
                 for name, read in opened.items():
                     rates.setdefault((name, column), []).append(_rate(name, read, batches,
                                                                            expect))
+        del opened
         _MOSAIC.clear()
+        read_ahead = _read_ahead_kb(tmp)
+        if cold_batches > 0:
+            cold, fio_bps = _cold(tmp, readers, in_ram, rows, repeats, cold_batches)
 
     print(f"\n## Bringing a table in -- {rows:,} rows (x: {DIM} float32 = 12 KiB as a "
           f"fixed-size list; label: int64), {mib:,.0f} MiB decoded, from one Parquet file (zstd, "
@@ -343,6 +499,8 @@ def main(repeats: int = 5, rows: int = ROWS) -> None:
         best = min(ceiling[c] / m(rates[(name, c)]) for c in ("x", "label"))
         print(f"\nThe most any reader of these rows can beat {name} by: {best:,.1f}x "
               f"(the copy ceiling's rate over {name}'s, the worse column); target {target:g}x")
+    if cold_batches > 0:
+        _print_cold(cold, fio_bps, readers, repeats, cold_batches, read_ahead)
     if missing:
         print(f"\nNot installed, skipped: {', '.join(missing)}.")
 
@@ -352,5 +510,7 @@ if __name__ == "__main__":
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rows", type=int, default=ROWS)
+    parser.add_argument("--cold-batches", type=int, default=COLD_BATCHES,
+                        help="batches of each cold run (nothing cached); 0 skips the cold rows")
     a = parser.parse_args()
-    sys.exit(main(a.repeats, a.rows))
+    sys.exit(main(a.repeats, a.rows, a.cold_batches))
