@@ -35,11 +35,13 @@ cache directory where one is left; Mosaic's shards and ``index.json``; LitData's
 ``index.json``; loaderx's chunk and table files) is evicted with ``posix_fadvise(DONTNEED)``,
 the reader is opened (timed: the cold open), everything is evicted again (what the open read
 would otherwise serve the first batch) and ``fincore`` reports what is still resident (pages
-the open reader keeps mapped), then the ``N`` batches are timed. Also per batch: the bytes the
-process read from the device (``read_bytes`` of ``/proc/self/io``). The physical reference, in
-each repeat: ``fio`` random 12 KiB reads with ``O_DIRECT`` at queue depth 128 on loaderx's chunk
-file of ``x`` (``bench_cold.fio``), as batches of 256 such reads per second. Cold ratios are
-medians of the per-repeat ratios (rows of one repeat run seconds apart on this noisy machine).
+the open reader keeps mapped), then the ``N`` batches are timed (and the first alone: the one
+batch that finds nothing cached; later batches of a run find what earlier ones read). Also per
+batch: the bytes the process read from the device (``read_bytes`` of ``/proc/self/io``). The
+physical reference, in each repeat: ``fio`` random 12 KiB reads with ``O_DIRECT`` at queue depth
+128 on loaderx's chunk file of ``x`` (``bench_cold.fio``), as batches of 256 such reads per
+second. Cold ratios are medians of the per-repeat ratios (the rows of one repeat run seconds
+apart on this noisy machine).
 """
 
 from __future__ import annotations
@@ -321,6 +323,7 @@ def _cold_run(name: str, dst: str, column: str, opener: Callable[[str, str], Any
     before = read_bytes()
     t = time.perf_counter()
     first = np.array(read(batches[0]))
+    first_s = time.perf_counter() - t  # the one batch that finds nothing at all cached
     for idx in batches[1:]:
         read(idx)
     elapsed = time.perf_counter() - t
@@ -329,7 +332,8 @@ def _cold_run(name: str, dst: str, column: str, opener: Callable[[str, str], Any
     _MOSAIC.clear()
     if not np.array_equal(first.reshape(expect.shape), expect):
         raise AssertionError(f"{name} read other rows than the source's (cold)")
-    return {"bps": len(batches) / elapsed, "open": opened, "device": device / len(batches),
+    return {"bps": len(batches) / elapsed, "first": first_s, "open": opened,
+            "device": device / len(batches),
             "residue": -1 if residue is None else residue,
             # allocated bytes: loaderx's table files are sparse
             "size": sum(os.stat(f).st_blocks * 512 for f in files)}
@@ -368,10 +372,8 @@ def _print_cold(runs: dict[tuple[str, str], list[dict[str, float]]],
           f"opened and again after; {count} batches a run, other rows than the warm ones, the "
           f"same for every format), medians of {repeats}; block device read_ahead_kb "
           f"{read_ahead}\n")
-    print("| reader | x (12 KiB) cold batches/s | loaderx vs it | x device MiB/batch | "
-          "label (int64) cold batches/s | loaderx vs it | label device MiB/batch | "
-          "cold open ms | fincore resident after eviction (max) / files |\n"
-          "|---|---|---|---|---|---|---|---|---|")
+    print("| reader | x (12 KiB) cold batches/s | loaderx vs it | label (int64) cold batches/s "
+          "| loaderx vs it | cold open ms |\n|---|---|---|---|---|---|")
     for name, _, _, _ in readers:
         cells = []
         for column in ("x", "label"):
@@ -379,16 +381,31 @@ def _print_cold(runs: dict[tuple[str, str], list[dict[str, float]]],
             # paired: the loaderx run of the same repeat (seconds apart)
             ratio = m(a["bps"] / b["bps"] for a, b in zip(lx, mine, strict=True))
             cells += [f"{m(x['bps'] for x in mine):,.1f}",
+                      "1.00x" if name == "loaderx" else f"{ratio:,.2f}x"]
+        both = runs[(name, "x")] + runs[(name, "label")]
+        print(f"| {name} | {' | '.join(cells)} | {m(x['open'] for x in both) * 1e3:,.1f} |")
+    print(f"\nThe same runs: the first batch of each (nothing of the files cached at all; later "
+          f"batches of a run find what earlier ones read), the bytes the process read from the "
+          f"device per batch (read_bytes of /proc/self/io over the run; the records are "
+          f"{BATCH * DIM * 4 / 2**20:.2f} MiB a batch of x, {BATCH * 8 / 1024:.0f} KiB of "
+          f"label), and what fincore found resident after the eviction (the most of any run)\n")
+    print("| reader | x first batch ms | loaderx vs it | x device MiB/batch | label first batch "
+          "ms | loaderx vs it | label device KiB/batch | resident after eviction / on disk |\n"
+          "|---|---|---|---|---|---|---|---|")
+    for name, _, _, _ in readers:
+        cells = []
+        for column in ("x", "label"):
+            mine, lx = runs[(name, column)], runs[("loaderx", column)]
+            ratio = m(b["first"] / a["first"] for a, b in zip(lx, mine, strict=True))
+            cells += [f"{m(x['first'] for x in mine) * 1e3:,.1f}",
                       "1.00x" if name == "loaderx" else f"{ratio:,.2f}x",
-                      f"{m(x['device'] for x in mine) / 2**20:,.2f}"]
+                      # MiB a batch of x, KiB of label
+                      f"{m(x['device'] for x in mine) / (2**20 if column == 'x' else 2**10):,.2f}"]
         both = runs[(name, "x")] + runs[(name, "label")]
         residue = max(x["residue"] for x in both)
         shown = "fincore not installed" if residue < 0 else f"{residue:,.0f} B"
-        print(f"| {name} | {' | '.join(cells)} | {m(x['open'] for x in both) * 1e3:,.1f} | "
-              f"{shown} / {both[0]['size'] / 2**20:,.0f} MiB on disk |")
-    print(f"\nRecord bytes per batch: x {BATCH * DIM * 4 / 2**20:.2f} MiB, label "
-          f"{BATCH * 8 / 2**20:.4f} MiB. \"device MiB/batch\": the process's read_bytes "
-          "(/proc/self/io) over the batches of a run, per batch.")
+        print(f"| {name} | {' | '.join(cells)} | {shown} / "
+              f"{both[0]['size'] / 2**20:,.0f} MiB |")
     pairs = [(a["bps"], f) for a, f in zip(runs[("loaderx", "x")], fio_bps, strict=True)
              if f is not None]
     if pairs:
