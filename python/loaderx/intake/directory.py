@@ -60,6 +60,14 @@ So a conversion is *re-run*, not resumed: running it again after any interruptio
 the result an uninterrupted run gives, nothing duplicated (``overwrite=True`` is needed only
 when a previous run completed).
 
+Checking and moving one: ``loaderx verify``, ``copy``, ``pack`` and ``unpack`` (and
+:func:`loaderx.verifying.verify`, :func:`loaderx.copying.copy`, :func:`loaderx.archive.pack`,
+:func:`loaderx.archive.unpack`) take a dataset directory as a whole -- every column's store of
+every part, and the manifests -- and check what :func:`open_dataset` checks: every store there,
+of its column's kind, dtype and item shape, with the manifest's row count (per part, and so in
+total). A copy or an unpacked archive is built privately and published like a conversion
+(:func:`claim_destination`, :func:`put_in_place`); :func:`column_stores` lists the stores.
+
 Codecs: a column declared without a codec of its own gets the writer's, zstd by default,
 *where it pays*. A column whose records are under :data:`loaderx.converter.AUTO_RAW_BELOW`
 bytes (4 KiB: scalars, small vectors, short strings, token rows) is stored raw, as
@@ -107,7 +115,8 @@ from loaderx.zrecord import _codec as _store_codec
 
 __all__ = [
     "DirectoryWriter", "RaggedBatch", "Column", "Manifest", "open_dataset", "read_manifest",
-    "is_dataset_directory", "decode_strings", "MANIFEST_FILE", "FORMAT", "VERSION",
+    "is_dataset_directory", "decode_strings", "column_stores", "ColumnStore", "MANIFEST_FILE",
+    "FORMAT", "VERSION",
 ]
 
 MANIFEST_FILE = "manifest.json"
@@ -214,6 +223,12 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     """The manifest of the dataset directory ``path``, validated: DatasetError when ``path``
     is not a dataset directory (naming what it is instead), CorruptStoreError when the
     manifest is not a regular file of valid JSON of this layout or names a path outside it."""
+    return manifest_and_bytes(path)[0]
+
+
+def manifest_and_bytes(path: str | os.PathLike[str]) -> tuple[Manifest, bytes]:
+    """:func:`read_manifest`, and the bytes the manifest was parsed from (read once: a copy
+    writes exactly what was checked)."""
     path = os.fspath(path)
     file = os.path.join(path, MANIFEST_FILE)
     if not os.path.isdir(path):
@@ -234,7 +249,19 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
         body = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise CorruptStoreError(f"{file} is not valid JSON ({e})") from None
-    return _parse_manifest(body, file)
+    return _parse_manifest(body, file), raw
+
+
+def is_store_dir_name(name: str) -> bool:
+    """Whether ``name`` has the form of a column's store directory (a safe name or an escaped
+    one, see the module docstring); the manifest decides which ones a directory has."""
+    return bool(_SAFE_NAME.match(name) or _ESCAPED_NAME.match(name)) and \
+        name not in _RESERVED_NAMES
+
+
+def is_part_path(path: str) -> bool:
+    """Whether ``path`` (``/``-separated) has the form of a part's path, ``parts/NNNNN``."""
+    return bool(_PART_PATH.match(path))
 
 
 def _read_bounded(file: str) -> bytes:
@@ -276,9 +303,8 @@ def _parse_manifest(body: Any, file: str) -> Manifest:
             raise bad(f"column name {name!r} appears twice")
         names.add(name)
         store = c.get("store", "") if raw_parts is not None else c.get("store")
-        if raw_parts is None and (not isinstance(store, str) or not (
-                _SAFE_NAME.match(store) or _ESCAPED_NAME.match(store))
-                or store in _RESERVED_NAMES or store.lower() in stores):
+        if raw_parts is None and (not isinstance(store, str) or not is_store_dir_name(store)
+                                  or store.lower() in stores):
             raise bad(f"column {name!r} names the store {store!r}, which is not a directory "
                       "name of this layout (or is named twice)")
         if isinstance(store, str):
@@ -352,19 +378,8 @@ def open_dataset(path: str | os.PathLike[str], *, columns: Sequence[str] | None 
         part_sets = []
         for part in manifest.parts:
             sub_path = os.path.join(path, *part.path.split("/"))
-            sub = read_manifest(sub_path)
-            if sub.rows != part.rows or sub.parts:
-                raise CorruptStoreError(f"{sub_path}: the part holds {sub.rows} rows"
-                                        f"{' in parts of its own' if sub.parts else ''}; the "
-                                        f"manifest of {path} says {part.rows}")
             stores = []
-            for col in chosen:
-                own = sub.column(col.name) if col.name in {c.name for c in sub.columns} \
-                    else None
-                if own is None or (own.kind, own.dtype, own.item_shape) != (
-                        col.kind, col.dtype, col.item_shape):
-                    raise CorruptStoreError(f"{sub_path} has no column {col.name!r} of "
-                                            f"{col.kind} {col.dtype.str}{col.item_shape}")
+            for own in part_columns(path, part, chosen):
                 ds = _open_store(sub_path, own, part.rows, verify_reads)
                 opened.append(ds)
                 stores.append(ds)
@@ -376,6 +391,55 @@ def open_dataset(path: str | os.PathLike[str], *, columns: Sequence[str] | None 
             with contextlib.suppress(Exception):
                 ds.close()
         raise
+
+
+def part_columns(root: str, part: Part, columns: Sequence[Column]) -> list[Column]:
+    """``columns`` (of the manifest of the directory of parts ``root``) as the manifest of its
+    part ``part`` describes them (each with its own ``store``), checked as :func:`open_dataset`
+    checks them: the part holds the rows the directory's manifest says, has no parts of its
+    own, and has every column with the same kind, dtype and item shape (CorruptStoreError)."""
+    sub_path = os.path.join(root, *part.path.split("/"))
+    sub = read_manifest(sub_path)
+    if sub.rows != part.rows or sub.parts:
+        raise CorruptStoreError(f"{sub_path}: the part holds {sub.rows} rows"
+                                f"{' in parts of its own' if sub.parts else ''}; the "
+                                f"manifest of {root} says {part.rows}")
+    own_columns = {c.name: c for c in sub.columns}
+    found = []
+    for col in columns:
+        own = own_columns.get(col.name)
+        if own is None or (own.kind, own.dtype, own.item_shape) != (
+                col.kind, col.dtype, col.item_shape):
+            raise CorruptStoreError(f"{sub_path} has no column {col.name!r} of "
+                                    f"{col.kind} {col.dtype.str}{col.item_shape}")
+        found.append(own)
+    return found
+
+
+@dataclass(frozen=True)
+class ColumnStore:
+    """One store of a dataset directory: the column it holds, as the manifest that names the
+    store describes it (``column.store`` is the store's directory), the part it is in (None in
+    a directory of columns), its path inside the dataset directory (``/``-separated: ``label``,
+    ``parts/00000/label``) and the rows the manifests say it holds."""
+
+    column: Column
+    part: Part | None
+    path: str
+    rows: int
+
+
+def column_stores(path: str | os.PathLike[str],
+                  manifest: Manifest | None = None) -> list[ColumnStore]:
+    """Every store of the dataset directory ``path`` (whose manifest is ``manifest``, read when
+    None): part by part in manifest order, column by column within each. The parts' manifests
+    are read and checked (:func:`part_columns`); the stores themselves are not opened."""
+    path = os.path.abspath(os.fspath(path))
+    manifest = read_manifest(path) if manifest is None else manifest
+    if not manifest.parts:
+        return [ColumnStore(c, None, c.store, manifest.rows) for c in manifest.columns]
+    return [ColumnStore(own, part, f"{part.path}/{own.store}", part.rows)
+            for part in manifest.parts for own in part_columns(path, part, manifest.columns)]
 
 
 def _choose(manifest: Manifest, columns: Sequence[str] | None) -> list[Column]:
@@ -498,50 +562,15 @@ class DirectoryWriter:
         self._state = "open"  # open -> writing -> committed | aborted
         self._stack = contextlib.ExitStack()
         staging.remove_stale(self.dst)
-        self._old = self._check_destination()
+        self._old = claim_destination(self.dst, self.overwrite)
         try:
             self._staging = self._stack.enter_context(staging.private_dir(self.dst, "intake"))
         except BaseException:
             self._release_old()
             raise
 
-    # -- the destination ---------------------------------------------------------------------
-
-    def _check_destination(self) -> list[Zrecord]:
-        """Refuses a destination we may not write; with ``overwrite=True`` returns the stores
-        of the dataset being replaced, each held under its writer lock (so nobody appends to
-        what is about to vanish, and its readers learn of the replacement)."""
-        dst = self.dst
-        if not os.path.lexists(dst):
-            return []
-        if os.path.islink(dst):
-            raise DatasetError(f"{dst} is a symbolic link; write to its target "
-                               f"({os.path.realpath(dst)}) or remove the link")
-        if not os.path.isdir(dst):
-            raise DatasetError(f"{dst} exists and is not a directory; choose another path")
-        if not os.listdir(dst):
-            if staging.is_mount_point(dst):
-                raise DatasetError(f"{dst} is a mount point, which cannot be renamed onto; "
-                                   "write the dataset directory into a new directory inside it")
-            return []
-        known = is_dataset_directory(dst) or _schema.is_store(dst)
-        if not self.overwrite:
-            what = "a dataset" if known else "a non-empty directory that is not a dataset"
-            raise DatasetError(f"{dst} already holds {what}; pass overwrite=True to replace "
-                               "it, or choose another path" if known else
-                               f"{dst} is {what}; refusing to write into it")
-        if not known:
-            raise DatasetError(f"{dst} is a non-empty directory that is not a loaderx dataset; "
-                               "overwrite=True replaces only datasets: remove it yourself")
-        if staging.is_mount_point(dst):
-            raise DatasetError(f"{dst} is a mount point: it cannot be swapped for a new "
-                               "dataset; remove its files first, or choose another path")
-        return _lock_stores(dst)
-
     def _release_old(self) -> None:
-        for z in self._old:
-            with contextlib.suppress(Exception):
-                z.close()
+        release_stores(self._old)
         self._old = []
 
     # -- columns -----------------------------------------------------------------------------
@@ -777,21 +806,7 @@ class DirectoryWriter:
         return manifest.rows
 
     def _publish(self) -> None:
-        old = self._old
-        try:
-            if old:
-                def retire_old() -> None:
-                    for z in old:  # their readers learn that the dataset was replaced
-                        z._retire()
-
-                staging.replace(self._staging, self.dst, swapped=retire_old)
-            else:
-                staging.publish(self._staging, self.dst)
-        except OSError as e:
-            if e.errno == errno.EBUSY:
-                raise DatasetError(f"{self.dst} cannot be replaced ({e.strerror}): it is a "
-                                   "mount point or in use; nothing was changed there") from None
-            raise
+        put_in_place(self._staging, self.dst, self._old)
 
     def abort(self) -> None:
         """Gives up: removes everything written; ``dst`` is left as it was."""
@@ -835,6 +850,71 @@ class DirectoryWriter:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.abort()
+
+
+# -- the destination of a write -----------------------------------------------------------------
+
+
+def claim_destination(dst: str, overwrite: bool) -> list[Zrecord]:
+    """Refuses a destination ``dst`` (absolute) that a new dataset directory may not take (see
+    :class:`DirectoryWriter`); with ``overwrite=True`` returns the stores of the dataset or
+    store being replaced, each held under its writer lock (so nobody appends to what is about
+    to vanish, and its readers learn of the replacement): give them to :func:`put_in_place`,
+    and to :func:`release_stores` in the end."""
+    if not os.path.lexists(dst):
+        return []
+    if os.path.islink(dst):
+        raise DatasetError(f"{dst} is a symbolic link; write to its target "
+                           f"({os.path.realpath(dst)}) or remove the link")
+    if not os.path.isdir(dst):
+        raise DatasetError(f"{dst} exists and is not a directory; choose another path")
+    if not os.listdir(dst):
+        if staging.is_mount_point(dst):
+            raise DatasetError(f"{dst} is a mount point, which cannot be renamed onto; "
+                               "write the dataset directory into a new directory inside it")
+        return []
+    known = is_dataset_directory(dst) or _schema.is_store(dst)
+    if not overwrite:
+        what = "a dataset" if known else "a non-empty directory that is not a dataset"
+        raise DatasetError(f"{dst} already holds {what}; pass overwrite=True to replace "
+                           "it, or choose another path" if known else
+                           f"{dst} is {what}; refusing to write into it")
+    if not known:
+        raise DatasetError(f"{dst} is a non-empty directory that is not a loaderx dataset; "
+                           "overwrite=True replaces only datasets: remove it yourself")
+    if staging.is_mount_point(dst):
+        raise DatasetError(f"{dst} is a mount point: it cannot be swapped for a new "
+                           "dataset; remove its files first, or choose another path")
+    return _lock_stores(dst)
+
+
+def put_in_place(built: str, dst: str, old: Sequence[Zrecord]) -> None:
+    """Publishes the private directory ``built`` (from :func:`loaderx.staging.private_dir`
+    beside ``dst``, complete and synced) at ``dst``: renamed onto nothing, or, when ``old``
+    holds the stores :func:`claim_destination` locked, swapped for what is there atomically,
+    the old stores retired (their readers learn that the dataset was replaced)."""
+    try:
+        if old:
+            def retire_old() -> None:
+                for z in old:
+                    z._retire()
+
+            staging.replace(built, dst, swapped=retire_old)
+        else:
+            staging.publish(built, dst)
+    except OSError as e:
+        if e.errno == errno.EBUSY:
+            raise DatasetError(f"{dst} cannot be replaced ({e.strerror}): it is a "
+                               "mount point or in use; nothing was changed there") from None
+        raise
+
+
+def release_stores(stores: Iterable[Zrecord]) -> None:
+    """Closes the stores :func:`claim_destination` locked (each once; errors ignored: they
+    may have been replaced)."""
+    for z in stores:
+        with contextlib.suppress(Exception):
+            z.close()
 
 
 def _lock_stores(dst: str) -> list[Zrecord]:
