@@ -45,7 +45,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loaderx import _schema, copying, staging
+from loaderx import _schema, staging
+from loaderx._sparse import copy_files
 from loaderx.errors import (
     AppendWarning,
     DatasetError,
@@ -404,7 +405,7 @@ class _Conversion:
             # A mount point that is_mount_point did not see: copy the store inside it, then
             # move its files in.
             with staging.private_dir(self.path, "new", within=True) as inside:
-                copying.copy_files(self.target, inside)
+                copy_files(self.target, inside)
                 staging.move_in(inside, self.path)
 
     def _release(self) -> None:

@@ -1,4 +1,4 @@
-"""Copying a store or dataset directory without filling its holes.
+"""Copying a store or a dataset directory without filling its holes.
 
 ``meta.zr`` is a fixed 256 MiB file of which a store uses only the pages its records' entries
 are on (``sums.zr`` likewise), and compaction leaves holes in chunk files: a plain ``cp``,
@@ -8,87 +8,52 @@ size, holds the source's writer lock meanwhile (when it may take it) so that no 
 it half-way, syncs the copy, and then opens it and decodes every record to check it.
 ``cp --sparse=always`` and ``tar --sparse`` are the shell's sparse-aware equivalents (without
 the lock and the check).
+
+A dataset directory (:mod:`loaderx.intake.directory`: a ``manifest.json`` and a store per
+column, or a ``manifest.json`` and ``parts/NNNNN/``, each a dataset directory) is copied as a
+whole: the source is first checked as :func:`~loaderx.intake.directory.open_dataset` checks it
+(every column's store there, of the manifest's kind, shape and row count), every store is held
+still and copied as a store is, each manifest is written exactly as it was read (and checked),
+the directory's own last, and the copy is checked before it takes its name -- every record of
+every store decoded, and the copy opened as a dataset. Files that are not the dataset's (a
+store's stray files, directories the manifest does not name) are not copied.
+
+Either way the copy is built in a private directory beside ``dst`` and published in one atomic
+rename (:mod:`loaderx.staging`): a failure, Ctrl-C or a kill leaves ``dst`` as it was, and what
+a kill left is removed by the next copy to ``dst``. ``dst`` must not exist, unless
+``overwrite=True``, which replaces a loaderx store or dataset directory there (nothing else) in
+one atomic swap, with the rules of :class:`~loaderx.intake.directory.DirectoryWriter`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from loaderx import _schema, staging
+from loaderx import _native, _schema, staging
+from loaderx._sparse import copy_files, data_regions, store_files, write_sparse
 from loaderx.errors import CorruptStoreError, DatasetError, StoreChangedError
+from loaderx.intake.directory import (
+    MANIFEST_FILE,
+    PARTS_DIR,
+    ColumnStore,
+    Manifest,
+    claim_destination,
+    column_stores,
+    is_dataset_directory,
+    manifest_and_bytes,
+    open_dataset,
+    put_in_place,
+    release_stores,
+)
 from loaderx.zrecord import Zrecord
 
 __all__ = ["copy", "copy_files", "data_regions", "held_still", "store_files", "verified",
-           "write_sparse"]
-
-_BLOCK = 8 << 20
-
-
-def data_regions(fd: int, size: int) -> Iterator[tuple[int, int]]:
-    """The ``(offset, length)`` of each data region of the open file ``fd`` of ``size`` bytes,
-    in order (``SEEK_DATA``/``SEEK_HOLE``); a file system without holes gives one region."""
-    at = 0
-    while at < size:
-        try:
-            start = os.lseek(fd, at, os.SEEK_DATA)
-        except OSError as e:
-            if e.errno == errno.ENXIO:  # nothing but a hole from here
-                return
-            raise
-        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
-        if end > start:
-            yield start, end - start
-        at = end
-
-
-def write_sparse(path: str, size: int, regions: Iterable[tuple[int, int]],
-                 read_at: Callable[[int, int], bytes], *, block: int = _BLOCK,
-                 zeros_as_holes: bool = False) -> int:
-    """Creates the new file ``path`` of ``size`` bytes (never through a link) and fills each
-    ``(start, length)`` region from ``read_at(offset, n)``, which returns at most ``n`` bytes
-    (``b""`` ends the region early); the rest stays holes. With ``zeros_as_holes``, blocks of
-    zeros are left as holes too. Synced; returns the bytes written."""
-    written = 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        os.ftruncate(fd, size)
-        for start, length in regions:
-            at, end = start, start + length
-            while at < end:
-                chunk = read_at(at, min(block, end - at))
-                if not chunk:
-                    break
-                if not (zeros_as_holes and chunk.count(0) == len(chunk)):
-                    os.pwrite(fd, chunk, at)
-                    written += len(chunk)
-                at += len(chunk)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return written
-
-
-def _copy_sparse(src: str, dst: str) -> int:
-    """Copies the data regions of ``src`` into a new file ``dst`` of the same size; returns
-    the bytes copied."""
-    fin = os.open(src, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        size = os.fstat(fin).st_size
-        return write_sparse(dst, size, list(data_regions(fin, size)),
-                            lambda at, n: os.pread(fin, n, at))
-    finally:
-        os.close(fin)
-
-
-def store_files(src: str) -> list[str]:
-    """The names of the files a store directory holds (no temporaries, links or folders)."""
-    return [name for name in sorted(os.listdir(src))
-            if os.path.isfile(os.path.join(src, name))
-            and not os.path.islink(os.path.join(src, name)) and ".tmp" not in name]
+           "write_sparse", "claim_new", "check_dataset", "dataset_files", "DatasetFiles",
+           "verified_stores", "dataset_report"]
 
 
 @contextlib.contextmanager
@@ -122,33 +87,135 @@ def verified(path: str, what: str) -> tuple[int, dict[str, Any]]:
     return records, report
 
 
-def copy_files(src: str, dst: str) -> tuple[int, int]:
-    """Copies the :func:`store_files` of ``src`` into the existing directory ``dst`` (each a new
-    file, holes kept, synced), then syncs ``dst``. Returns ``(bytes copied, apparent bytes)``."""
-    copied = apparent = 0
-    for name in store_files(src):
-        path = os.path.join(src, name)
-        copied += _copy_sparse(path, os.path.join(dst, name))
-        apparent += os.path.getsize(path)
-    staging.fsync_dir(dst)
-    return copied, apparent
-
-
-def copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> dict[str, Any]:
-    """Copies the store (or dataset) ``src`` to the new directory ``dst``, holes kept, then
-    checks the copy by decoding every record. Returns ``records``, ``bytes_copied``,
-    ``apparent_bytes`` and the copy's ``verify()`` report. ``dst`` must not exist.
-
-    The copy is made in a private directory beside ``dst`` and renamed to ``dst`` only when
-    complete and synced (:mod:`loaderx.staging`): a kill leaves no ``dst``, and what it left
-    is removed by the next copy to ``dst``."""
-    src, dst = os.fspath(src), os.fspath(dst)
+def claim_new(dst: str, overwrite: bool, verb: str) -> list[Zrecord]:
+    """Readies the destination ``dst`` (absolute) of a new store or dataset directory: removes
+    what killed writers left there (:func:`loaderx.staging.remove_stale`) and refuses an
+    existing ``dst`` -- unless ``overwrite``, which takes a loaderx store or dataset directory
+    (:func:`~loaderx.intake.directory.claim_destination`: its stores are returned write-locked,
+    for :func:`~loaderx.intake.directory.put_in_place`)."""
     staging.remove_stale(dst)
-    if os.path.lexists(dst):
-        raise DatasetError(f"{dst} exists; copy makes a new directory")
-    with held_still(src), staging.private_dir(dst, "copy") as tmp:
-        copied, apparent = copy_files(src, tmp)
-        staging.publish(tmp, dst)
+    if os.path.lexists(dst) and not overwrite:
+        raise DatasetError(f"{dst} exists; {verb} makes a new directory (pass overwrite=True "
+                           "to replace a loaderx store or dataset there)")
+    return claim_destination(dst, overwrite)
+
+
+def copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+         overwrite: bool = False) -> dict[str, Any]:
+    """Copies the store or dataset directory ``src`` to ``dst``, holes kept, and checks the copy
+    by decoding every record (see the module docstring). ``dst`` must not exist, unless
+    ``overwrite=True`` (which replaces a store or dataset directory there atomically).
+
+    Returns ``kind`` (``"store"`` or ``"dataset"``), ``records`` (of every store),
+    ``bytes_copied``, ``apparent_bytes`` and the ``verify()`` report (of every store, summed);
+    for a dataset directory also ``rows``, ``columns``, ``parts`` and ``stores`` (counts)."""
+    src, dst = os.fspath(src), os.path.abspath(os.fspath(dst))
+    dataset = is_dataset_directory(src)
+    if not dataset and not _schema.is_store(src):
+        raise DatasetError(f"{src} is not a loaderx store (no {_schema.META_FILE}) nor a "
+                           f"dataset directory (no {MANIFEST_FILE})")
+    if os.path.lexists(dst) and os.path.realpath(src) == os.path.realpath(dst):
+        raise DatasetError(f"{dst} is {src} itself; copy to another path")
+    old = claim_new(dst, overwrite, "copy")
+    try:
+        if dataset:
+            return _copy_dataset(os.path.abspath(src), dst, old)
+        with held_still(src), staging.private_dir(dst, "copy") as tmp:
+            copied, apparent = copy_files(src, tmp)
+            put_in_place(tmp, dst, old)
+    finally:
+        release_stores(old)
     records, report = verified(dst, "the copy")
-    return {"records": records, "bytes_copied": copied, "apparent_bytes": apparent,
-            "verify": report}
+    return {"kind": "store", "records": records, "bytes_copied": copied,
+            "apparent_bytes": apparent, "verify": report}
+
+
+# -- dataset directories -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetFiles:
+    """What a copy or an archive takes of a dataset directory: its manifest and the bytes it
+    was read from, ``(part path, manifest bytes)`` of each part, and its stores."""
+
+    manifest: Manifest
+    manifest_bytes: bytes
+    parts: list[tuple[str, bytes]]
+    stores: list[ColumnStore]
+
+
+def dataset_files(src: str) -> DatasetFiles:
+    """The :class:`DatasetFiles` of the dataset directory ``src`` (absolute), checked first as
+    ``open_dataset`` checks it (:func:`check_dataset`)."""
+    check_dataset(src, src)
+    manifest, raw = manifest_and_bytes(src)
+    parts = [(p.path, manifest_and_bytes(os.path.join(src, *p.path.split("/")))[1])
+             for p in manifest.parts]
+    return DatasetFiles(manifest, raw, parts, column_stores(src, manifest))
+
+
+def check_dataset(path: str, name: str) -> None:
+    """Raises CorruptStoreError unless the dataset directory ``path`` opens: every column's
+    store there, of the manifest's kind, dtype, item shape and row count. Messages call
+    ``path`` ``name`` (a staging directory is named by what it becomes)."""
+    try:
+        for ds in open_dataset(path).values():
+            ds.close()
+    except (CorruptStoreError, DatasetError, OSError) as e:
+        raise CorruptStoreError(str(e).replace(path, name)) from None
+
+
+def verified_stores(root: str, stores: list[ColumnStore],
+                    name: str) -> list[tuple[int, dict[str, Any]]]:
+    """:func:`verified` for each store of the dataset directory ``root``; an error names the
+    column and calls ``root`` ``name``."""
+    reports = []
+    for store in stores:
+        path = os.path.join(root, *store.path.split("/"))
+        try:
+            reports.append(verified(path, f"column {store.column.name!r}:"))
+        except CorruptStoreError as e:
+            raise CorruptStoreError(str(e).replace(root, name)) from None
+    return reports
+
+
+def dataset_report(files: DatasetFiles,
+                   reports: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+    """The counts a copy or an unpack of a dataset directory reports: ``rows``, ``columns``,
+    ``parts``, ``stores``, ``records`` (of every store) and their ``verify`` reports summed
+    (``failures`` is empty: a store that does not verify is refused)."""
+    summed: dict[str, Any] = {"records": 0, "checked": 0, "unchecked": 0, "failed": 0,
+                              "failures": []}
+    for _, report in reports:
+        for key in ("records", "checked", "unchecked", "failed"):
+            summed[key] += report[key]
+    return {"kind": "dataset", "rows": files.manifest.rows,
+            "columns": len(files.manifest.columns), "parts": len(files.parts),
+            "stores": len(files.stores), "records": sum(n for n, _ in reports),
+            "verify": summed}
+
+
+def _copy_dataset(src: str, dst: str, old: list[Zrecord]) -> dict[str, Any]:
+    files = dataset_files(src)
+    with contextlib.ExitStack() as stack:
+        for store in files.stores:  # nobody writes any of them while they are copied
+            stack.enter_context(held_still(os.path.join(src, *store.path.split("/"))))
+        tmp = stack.enter_context(staging.private_dir(dst, "copy"))
+        copied = apparent = 0
+        for store in files.stores:
+            into = os.path.join(tmp, *store.path.split("/"))
+            os.makedirs(into)
+            c, a = copy_files(os.path.join(src, *store.path.split("/")), into)
+            copied, apparent = copied + c, apparent + a
+            staging.fsync_dir(os.path.dirname(into))
+        for path, raw in files.parts:
+            _native.replace_file(os.path.join(tmp, *path.split("/")), MANIFEST_FILE, raw)
+        if files.parts:
+            staging.fsync_dir(os.path.join(tmp, PARTS_DIR))
+        # The manifest last: with it the directory is complete.
+        _native.replace_file(tmp, MANIFEST_FILE, files.manifest_bytes)
+        reports = verified_stores(tmp, files.stores, f"the copy of {src}")
+        check_dataset(tmp, f"the copy of {src}")
+        put_in_place(tmp, dst, old)
+    return {**dataset_report(files, reports), "bytes_copied": copied,
+            "apparent_bytes": apparent}
