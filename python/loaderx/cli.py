@@ -5,20 +5,27 @@ Commands::
     loaderx info STORE [--json]       what a store or dataset holds
     loaderx convert INPUT.npy OUT [--codec zstd] [--checksums] [--overwrite] ...
     loaderx convert 'data/*.parquet' OUT [--columns a,b]   a table as a dataset directory
-    loaderx verify STORE              decode every record, check checksums; exit 1 on damage
-    loaderx copy SRC DST              copy a store, holes kept, then verify the copy
-    loaderx pack STORE ARCHIVE        one tar archive of a store (.tar, .tar.gz, .tar.xz, ...)
-    loaderx unpack ARCHIVE DST        the store of an archive, checked, into a new directory
+    loaderx verify STORE [--json]     decode every record, check checksums; exit 1 on damage
+    loaderx verify DIR [--json]       ... of every column's store of a dataset directory, and
+                                      that each is what the manifest says (exit 3 if not)
+    loaderx copy SRC DST [--overwrite]   copy a store or dataset directory, holes kept, checked
+    loaderx pack SRC ARCHIVE          one tar archive of a store or dataset directory (.tar,
+                                      .tar.gz, .tar.xz, ...)
+    loaderx unpack ARCHIVE DST [--overwrite]   the store or dataset directory of an archive,
+                                      checked, into a new directory
     loaderx compact STORE             reclaim the space of deleted records
     loaderx bench [LAYER]             run the benchmark harness (scripts/bench.py)
 
 Exit status (one per kind of failure, so scripts can tell them apart):
 
     0  success
-    1  ``verify`` found damaged records (the store itself opened)
+    1  ``verify`` found damaged records (the store itself opened; in a dataset directory,
+       every store opened and is what the manifest says)
     2  bad usage or input: a missing path, a file that is not a store, an unreadable .npy,
        an argument or dataset that does not fit (DatasetError, LoaderxValueError, ...)
-    3  a store or archive that cannot be trusted (CorruptStoreError, MissingDictionaryError)
+    3  a store or archive that cannot be trusted (CorruptStoreError, MissingDictionaryError);
+       from ``verify`` of a dataset directory: a column's store is missing, cannot be opened,
+       or is not of the kind, dtype, shape or row count its manifest says
     4  the store is busy or changed under us: another process writes it (StoreBusyError,
        StoreChangedError); try again later
     5  the system refused: permissions, a full disk, an I/O error (OSError)
@@ -396,82 +403,142 @@ def _info_dataset_directory(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    path = _store_dir(args.store)
+    from loaderx.intake.directory import is_dataset_directory
+    from loaderx.verifying import verify_store
+
     if args.max_listed < 0:
         raise _UsageError("--max-listed must be 0 or more")
-    schema = _dataset_schema(path)
-    with _open(path) as z:
-        # Only the first failures are kept (the engine counts the rest): memory stays bounded
-        # however much of the store is damaged.
-        report = z.verify(max_listed=args.max_listed)
-        failures = list(report["failures"])
-        damaged = report["failed"]
-        if schema is not None and len(z):
-            # A record the engine listed is not counted twice; one it only counted may be.
-            listed, misfits = _schema_failures(z, schema, {i for i, _ in failures},
-                                               args.max_listed)
-            failures += listed
-            damaged += misfits
-    failures.sort()
-    for index, message in failures[:args.max_listed]:
+    if is_dataset_directory(args.store):
+        return _verify_dataset_directory(args)
+    path = _store_dir(args.store)
+    report = verify_store(path, max_listed=args.max_listed)
+    damaged = report["damaged"]
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return EXIT_DAMAGED if damaged else EXIT_OK
+    for index, message in report["failures"]:
         print(f"record {index}: {message}")
     if damaged > args.max_listed:
-        print(f"... and {damaged - min(args.max_listed, len(failures))} more damaged records "
-              f"(--max-listed N lists more)")
-    # Say what could be checked: without checksums a raw record's bytes cannot be told from
-    # damaged ones, only decoded (compressed records carry zstd's own frame checks).
-    if report["unchecked"] == 0:
-        scope = "every record checked against its checksum"
-    elif report["checked"] == 0:
-        scope = ("no checksums kept (convert with --checksums, or Zrecord.enable_checksums()): "
-                 "compressed records were decoded and their frames checked, raw records only "
-                 "read, so damage to raw bytes cannot be seen")
-    else:
-        scope = (f"{report['unchecked']} records have no checksum (raw bytes among them could "
-                 "be damaged unseen)")
+        print(f"... and {damaged - len(report['failures'])} more damaged records "
+              "(--max-listed N lists more)")
     summary = (f"{path}: {report['records']} records decoded, {report['checked']} checked "
                f"against checksums, {report['unchecked']} without one; "
-               f"{damaged} damaged; {scope}")
+               f"{damaged} damaged; {_scope(report)}")
     print(summary, file=sys.stderr if damaged else sys.stdout)
     return EXIT_DAMAGED if damaged else EXIT_OK
 
 
-def _schema_failures(z: Any, s: _schema.Schema, known: set[int],
-                     max_listed: int) -> tuple[list[tuple[int, str]], int]:
-    """Records whose length does not fit the dataset's schema, not in ``known``: the first
-    ``max_listed`` of them (index, message) and how many there are. Lengths are read a
-    million at a time, so memory stays bounded."""
-    unit = s.item_bytes
-    if s.kind == "dense":
-        why = f"holds {{}} bytes, a {s.describe()} record is {unit}"
-    elif unit:
-        why = f"holds {{}} bytes, not a whole number of {unit}-byte rows"
-    else:
-        return [], 0
-    listed: list[tuple[int, str]] = []
-    count = 0
-    step = 1 << 20
-    for start in range(0, len(z), step):
-        idx = np.arange(start, min(len(z), start + step), dtype=np.uint64)
-        lengths = z.lengths(idx).astype(np.int64)
-        bad = np.flatnonzero(lengths != unit if s.kind == "dense" else lengths % unit)
-        for i in bad:
-            if start + int(i) in known:
-                continue
-            count += 1
-            if len(listed) < max_listed:
-                listed.append((start + int(i), why.format(int(lengths[i]))))
-    return listed, count
+def _scope(report: dict[str, Any]) -> str:
+    """What a verification could check: without checksums a raw record's bytes cannot be told
+    from damaged ones, only decoded (compressed records carry zstd's own frame checks)."""
+    if report["unchecked"] == 0:
+        return "every record checked against its checksum"
+    if report["checked"] == 0:
+        return ("no checksums kept (convert with --checksums, or Zrecord.enable_checksums()): "
+                "compressed records were decoded and their frames checked, raw records only "
+                "read, so damage to raw bytes cannot be seen")
+    return (f"{report['unchecked']} records have no checksum (raw bytes among them could be "
+            "damaged unseen)")
+
+
+def _verify_dataset_directory(args: argparse.Namespace) -> int:
+    """``loaderx verify`` of a dataset directory: a line per column, its damaged records (up to
+    --max-listed in all) and problems below it -- in a directory of parts under the part and
+    store they are in -- then a summary. Exit 3 when the directory cannot be used as it is (a
+    store missing, unopenable, or not as the manifest says), else 1 when records are damaged."""
+    from loaderx.verifying import verify_dataset
+
+    report = verify_dataset(args.store, max_listed=args.max_listed)
+    status = (EXIT_CORRUPT if report["problem_count"] else
+              EXIT_DAMAGED if report["damaged"] else EXIT_OK)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return status
+    listed = 0
+    for col in report["columns"]:
+        if not report["parts"]:
+            store = col["stores"][0]
+            print(f"column {col['name']!r} ({store['path']}): {_counts(store)}")
+            listed += _print_faults(store, "  ")
+            continue
+        print(f"column {col['name']!r} ({len(col['stores'])} of {len(report['parts'])} parts): "
+              f"{_counts(col)}")
+        for problem in col["problems"]:
+            print(f"  {problem}")
+        for store in col["stores"]:
+            if store["problems"] or store["damaged"]:
+                print(f"  part {store['part']} ({store['path']}): {_counts(store)}")
+                listed += _print_faults(store, "    ")
+    for problem in report["problems"]:
+        print(f"{report['path']}: {problem}")
+    if report["damaged"] > listed:
+        print(f"... and {report['damaged'] - listed} more damaged records (--max-listed N "
+              "lists more)")
+    faults = [f"{s['damaged']} damaged in column {c['name']!r} ({s['path']})"
+              for c in report["columns"] for s in c["stores"] if s["damaged"]]
+    for c in report["columns"]:
+        n = len(c["problems"]) + sum(len(s["problems"]) for s in c["stores"])
+        if n:
+            faults.append(f"{n} problem(s) with column {c['name']!r}")
+    if report["problems"]:
+        faults.append(f"{len(report['problems'])} problem(s) with its parts")
+    parts = f" in {len(report['parts'])} parts" if report["parts"] else ""
+    found = "; ".join(faults) if faults else "nothing damaged, every store as the manifest says"
+    print(f"{args.store}: a dataset directory of {len(report['columns'])} columns and "
+          f"{report['rows']} rows{parts}; {report['records']} records decoded, "
+          f"{report['checked']} checked against checksums, {report['unchecked']} without one; "
+          f"{found}; {_scope(report)}", file=sys.stderr if status else sys.stdout)
+    return status
+
+
+def _counts(entry: dict[str, Any]) -> str:
+    """What a store's (or a column's) entry of a dataset report says, in one line."""
+    if entry["records"] is None:
+        return "not checked: " + "; ".join(entry["problems"])
+    return (f"{entry['records']} records decoded, {entry['checked']} checked against "
+            f"checksums, {entry['unchecked']} without one; {entry['damaged']} damaged")
+
+
+def _print_faults(store: dict[str, Any], indent: str) -> int:
+    """Prints the problems and listed damaged records of a store's entry; returns how many
+    records it listed."""
+    if store["records"] is not None:
+        for problem in store["problems"]:
+            print(f"{indent}{problem}")
+    for index, message in store["failures"]:
+        print(f"{indent}record {index}: {message}")
+    return len(store["failures"])
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
     from loaderx.copying import copy
 
-    _store_dir(args.src)
-    r = copy(args.src, args.dst)
-    print(f"{args.dst}: {r['records']} records, {r['bytes_copied']} bytes copied of "
+    _source(args.src)
+    r = copy(args.src, args.dst, overwrite=args.overwrite)
+    print(f"{args.dst}: {_holds(r)}, {r['bytes_copied']} bytes copied of "
           f"{r['apparent_bytes']} apparent (holes kept); {_verified(r['verify'])}")
     return EXIT_OK
+
+
+def _source(path: str) -> str:
+    """``path``, a store or a dataset directory (else a usage error)."""
+    from loaderx.intake.directory import MANIFEST_FILE, is_dataset_directory
+
+    if is_dataset_directory(path):
+        return path
+    if os.path.exists(path) and not _schema.is_store(path):
+        raise _UsageError(f"{path}: not a loaderx store (no {_schema.META_FILE}) nor a dataset "
+                          f"directory (no {MANIFEST_FILE})")
+    return _store_dir(path)
+
+
+def _holds(report: dict[str, Any]) -> str:
+    """What a copy, a pack or an unpack carried, in a few words."""
+    if report["kind"] == "store":
+        return f"{report['records']} records"
+    parts = f" in {report['parts']} parts" if report["parts"] else ""
+    return (f"a dataset directory of {report['rows']} rows{parts}, {report['columns']} "
+            f"columns ({report['stores']} stores, {report['records']} records)")
 
 
 def _verified(report: dict[str, Any]) -> str:
@@ -482,9 +549,9 @@ def _verified(report: dict[str, Any]) -> str:
 def cmd_pack(args: argparse.Namespace) -> int:
     from loaderx.archive import pack
 
-    _store_dir(args.src)
+    _source(args.src)
     r = pack(args.src, args.archive)
-    print(f"{args.archive}: {r['records']} records, {r['bytes_packed']} bytes of data of "
+    print(f"{args.archive}: {_holds(r)}, {r['bytes_packed']} bytes of data of "
           f"{r['apparent_bytes']} apparent (holes kept), archive {r['archive_bytes']} bytes")
     if r["skipped"]:
         print(f"left out {len(r['skipped'])} file(s) that are not a store's: "
@@ -496,8 +563,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
 def cmd_unpack(args: argparse.Namespace) -> int:
     from loaderx.archive import unpack
 
-    r = unpack(args.archive, args.dst)
-    print(f"{args.dst}: {r['records']} records, {r['bytes_written']} bytes written (holes "
+    r = unpack(args.archive, args.dst, overwrite=args.overwrite)
+    print(f"{args.dst}: {_holds(r)}, {r['bytes_written']} bytes written (holes "
           f"kept); {_verified(r['verify'])}")
     return EXIT_OK
 
@@ -586,27 +653,41 @@ def _parser() -> argparse.ArgumentParser:
                         help="the columns to convert, in this order (default: all)")
     conv.set_defaults(run=cmd_convert)
 
-    ver = sub.add_parser("verify", help="decode every record and check checksums")
-    ver.add_argument("store")
+    ver = sub.add_parser("verify", help="decode every record and check checksums; of a "
+                         "dataset directory, every column's store of every part, and that each "
+                         "is what the manifest says (exit 1: damaged records, 3: a store "
+                         "missing, unopenable or not as the manifest says)")
+    ver.add_argument("store", help="a store or a dataset directory")
     ver.add_argument("--max-listed", type=int, default=100, metavar="N",
-                     help="damaged records listed one per line before a summary (default 100)")
+                     help="damaged records listed one per line before a summary (default 100; "
+                     "in a dataset directory, in all)")
+    ver.add_argument("--json", action="store_true", help="the report as JSON (per column and "
+                     "store of a dataset directory)")
     ver.set_defaults(run=cmd_verify)
 
-    cp = sub.add_parser("copy", help="copy a store or dataset, holes kept, then verify it")
-    cp.add_argument("src")
-    cp.add_argument("dst", help="a new directory")
+    cp = sub.add_parser("copy", help="copy a store or a dataset directory (every column's "
+                        "store, every part, the manifests), holes kept; the copy is checked "
+                        "(every record decoded, the directory opened) before it appears")
+    cp.add_argument("src", help="a store or a dataset directory")
+    cp.add_argument("dst", help="a new directory (built aside, then renamed into place)")
+    cp.add_argument("--overwrite", action="store_true",
+                    help="replace a loaderx store or dataset directory at DST (atomically)")
     cp.set_defaults(run=cmd_copy)
 
-    pk = sub.add_parser("pack", help="write a store or dataset into one tar archive, holes "
-                                     "kept (compressed by suffix: .tar.gz, .tar.xz, .tar.bz2)")
-    pk.add_argument("src")
+    pk = sub.add_parser("pack", help="write a store or a dataset directory into one tar "
+                                     "archive, holes kept (compressed by suffix: .tar.gz, "
+                                     ".tar.xz, .tar.bz2)")
+    pk.add_argument("src", help="a store or a dataset directory")
     pk.add_argument("archive", help="a new file")
     pk.set_defaults(run=cmd_pack)
 
-    up = sub.add_parser("unpack", help="unpack a store archive (from pack or tar --sparse) "
-                                       "into a new directory, then verify it")
+    up = sub.add_parser("unpack", help="unpack an archive of a store or a dataset directory "
+                                       "(from pack, tar --sparse or tar) into a new directory, "
+                                       "checked before it appears")
     up.add_argument("archive")
-    up.add_argument("dst", help="a new directory")
+    up.add_argument("dst", help="a new directory (built aside, then renamed into place)")
+    up.add_argument("--overwrite", action="store_true",
+                    help="replace a loaderx store or dataset directory at DST (atomically)")
     up.set_defaults(run=cmd_unpack)
 
     comp = sub.add_parser("compact", help="reclaim the space of deleted records")
