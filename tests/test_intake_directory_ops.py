@@ -629,3 +629,31 @@ def test_what_a_packed_archive_lost_is_seen(tmp_path: pathlib.Path) -> None:
     store = [n for n in spans if n.startswith("ds/emb")]
     refused(tmp_path, without(*store), "lacks ds/emb")
     refused(tmp_path, without("ds"), "not their manifest")
+
+
+def folder_with_table(name: str, files: dict[str, int]) -> bytes:
+    """A folder member whose pax comment is pack's table of its files."""
+    table = json.dumps({"files": files, "loaderx-pack": 1}, separators=(",", ":"))
+    return tc.pax([("comment", table)]) + tc.folder(name)
+
+
+def test_an_archive_cannot_say_one_kind_and_hold_the_other(tmp_path: pathlib.Path) -> None:
+    says_store = folder_with_table("ds", {"meta.zr": tc.TABLE_BYTES})
+    refused(tmp_path, says_store + tc.member("ds/manifest.json", GOOD_MANIFEST)
+            + empty_store("ds/x") + tc.end(), "not a store file")
+    says_dataset = folder_with_table("ds", {MANIFEST_FILE: len(GOOD_MANIFEST)})
+    refused(tmp_path, says_dataset + tc.meta_member("ds") + tc.end(), "not a store file")
+    says_both = folder_with_table("ds", {"meta.zr": tc.TABLE_BYTES, MANIFEST_FILE: 10})
+    refused(tmp_path, says_both + tc.meta_member("ds") + tc.end(),
+            "lists manifest.json, which cannot be in that folder")
+
+
+def test_a_dataset_archive_is_read_within_bounds_of_its_own(tmp_path: pathlib.Path) -> None:
+    """More headers than one store's archive may have (4 x 4104) are a dataset directory's
+    due once it shows it is one; before that, the store's bound holds."""
+    many = b"".join(tc.pax([("comment", "x")], b"g") for _ in range(17_000))
+    dataset = tc.member("ds/manifest.json", GOOD_MANIFEST) + many + empty_store("ds/x")
+    (tmp_path / "many.tar").write_bytes(dataset + tc.end())
+    assert unpack(tmp_path / "many.tar", tmp_path / "dst")["kind"] == "dataset"
+    refused(tmp_path, many + tc.member("ds/manifest.json", GOOD_MANIFEST) + empty_store("ds/x")
+            + tc.end(), "headers")

@@ -613,12 +613,14 @@ class _Contents:
         if self.kind is None:  # the top folder of pack's archive says what it holds
             self._decide(MANIFEST_FILE in table and _schema.META_FILE not in table)
             kind = self._folder_kind(path)
+        where = f" of {member.name!r}" if path else ""
         wanted = {"store": _schema.META_FILE, "dataset": MANIFEST_FILE}.get(kind or "")
-        if (wanted is not None and wanted not in table) or \
-                any(_file_limit(kind, name) is None for name in table):
-            raise self._refuse(f"its manifest of {member.name!r} lists no {wanted} or files "
-                               "that cannot be there" if path or kind != "store" else
-                               f"its manifest lists no {_schema.META_FILE}")
+        if wanted is not None and wanted not in table:
+            raise self._refuse(f"its manifest{where} lists no {wanted}")
+        strays = sorted(name for name in table if _file_limit(kind, name) is None)
+        if strays:
+            raise self._refuse(f"its manifest{where} lists {strays[0]}, which cannot be in "
+                               "that folder: damaged")
         seen.table = table
 
     def _admit_file(self, member: Member, path: list[str]) -> None:

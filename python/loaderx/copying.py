@@ -197,19 +197,21 @@ def dataset_report(files: DatasetFiles,
 
 def _copy_dataset(src: str, dst: str, old: list[Zrecord]) -> dict[str, Any]:
     files = dataset_files(src)
-    with contextlib.ExitStack() as stack:
-        for store in files.stores:  # nobody writes any of them while they are copied
-            stack.enter_context(held_still(os.path.join(src, *store.path.split("/"))))
-        tmp = stack.enter_context(staging.private_dir(dst, "copy"))
-        copied = apparent = 0
-        for store in files.stores:
-            into = os.path.join(tmp, *store.path.split("/"))
-            os.makedirs(into)
-            c, a = copy_files(os.path.join(src, *store.path.split("/")), into)
-            copied, apparent = copied + c, apparent + a
-            staging.fsync_dir(os.path.dirname(into))
+    copied = apparent = 0
+    with staging.private_dir(dst, "copy") as tmp:
+        with contextlib.ExitStack() as still:
+            for store in files.stores:  # nobody writes any of them while they are copied
+                still.enter_context(held_still(os.path.join(src, *store.path.split("/"))))
+            for store in files.stores:
+                into = os.path.join(tmp, *store.path.split("/"))
+                os.makedirs(into)
+                c, a = copy_files(os.path.join(src, *store.path.split("/")), into)
+                copied, apparent = copied + c, apparent + a
+                staging.fsync_dir(os.path.dirname(into))
         for path, raw in files.parts:
-            _native.replace_file(os.path.join(tmp, *path.split("/")), MANIFEST_FILE, raw)
+            folder = os.path.join(tmp, *path.split("/"))
+            os.makedirs(folder, exist_ok=True)  # a part of no columns has no store to make it
+            _native.replace_file(folder, MANIFEST_FILE, raw)
         if files.parts:
             staging.fsync_dir(os.path.join(tmp, PARTS_DIR))
         # The manifest last: with it the directory is complete.
