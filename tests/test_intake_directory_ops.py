@@ -376,6 +376,27 @@ def test_copy_refuses_an_existing_destination_unless_overwrite(tmp_path: pathlib
     assert leftovers(tmp_path) == []
 
 
+def test_overwrite_replaces_a_single_store_too(tmp_path: pathlib.Path) -> None:
+    """copy and unpack of a store take overwrite=True the same way: the store at dst, or a
+    dataset directory there, is swapped for the new one; without it, dst is left alone."""
+    from loaderx import DenseDataset, from_numpy
+
+    data = np.arange(40, dtype=np.int32).reshape(10, 4)
+    from_numpy(tmp_path / "store", data)
+    from_numpy(tmp_path / "dst", np.zeros((3, 2), np.float64))
+    with pytest.raises(DatasetError, match="exists"):
+        copy(tmp_path / "store", tmp_path / "dst")
+    assert copy(tmp_path / "store", tmp_path / "dst", overwrite=True)["kind"] == "store"
+    np.testing.assert_array_equal(DenseDataset(tmp_path / "dst")[:], data)
+    pack(tmp_path / "store", tmp_path / "store.tar")
+    columns_dir(tmp_path / "ds")
+    with pytest.raises(DatasetError, match="exists"):
+        unpack(tmp_path / "store.tar", tmp_path / "ds")
+    assert unpack(tmp_path / "store.tar", tmp_path / "ds", overwrite=True)["kind"] == "store"
+    np.testing.assert_array_equal(DenseDataset(tmp_path / "ds")[:], data)
+    assert leftovers(tmp_path) == []
+
+
 def test_copy_refuses_a_store_another_process_writes(tmp_path: pathlib.Path) -> None:
     columns_dir(tmp_path / "ds")
     writer = Zrecord(tmp_path / "ds" / "tokens")

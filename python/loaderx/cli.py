@@ -653,10 +653,14 @@ def _parser() -> argparse.ArgumentParser:
                         help="the columns to convert, in this order (default: all)")
     conv.set_defaults(run=cmd_convert)
 
-    ver = sub.add_parser("verify", help="decode every record and check checksums; of a "
-                         "dataset directory, every column's store of every part, and that each "
-                         "is what the manifest says (exit 1: damaged records, 3: a store "
-                         "missing, unopenable or not as the manifest says)")
+    ver = sub.add_parser(
+        "verify", help="decode every record and check checksums (a store, or every store of a "
+        "dataset directory)",
+        description="Decodes every record of a store and checks it against its checksum and the "
+        "schema. Of a dataset directory: every column's store of every part, and that each is "
+        "what the manifest says (there, its kind, dtype and shape, its row count); a line per "
+        "column. Exit 1: damaged records; 3: a store missing, unopenable or not as the "
+        "manifest says.")
     ver.add_argument("store", help="a store or a dataset directory")
     ver.add_argument("--max-listed", type=int, default=100, metavar="N",
                      help="damaged records listed one per line before a summary (default 100; "
@@ -665,9 +669,12 @@ def _parser() -> argparse.ArgumentParser:
                      "store of a dataset directory)")
     ver.set_defaults(run=cmd_verify)
 
-    cp = sub.add_parser("copy", help="copy a store or a dataset directory (every column's "
-                        "store, every part, the manifests), holes kept; the copy is checked "
-                        "(every record decoded, the directory opened) before it appears")
+    cp = sub.add_parser(
+        "copy", help="copy a store or a dataset directory, holes kept, checked",
+        description="Copies a store, or a dataset directory whole (every column's store of "
+        "every part, the manifests), holes kept; the copy is built aside, checked (every "
+        "record decoded, the directory opened) and then renamed into place, so nothing "
+        "half-made is ever at DST.")
     cp.add_argument("src", help="a store or a dataset directory")
     cp.add_argument("dst", help="a new directory (built aside, then renamed into place)")
     cp.add_argument("--overwrite", action="store_true",
@@ -676,14 +683,22 @@ def _parser() -> argparse.ArgumentParser:
 
     pk = sub.add_parser("pack", help="write a store or a dataset directory into one tar "
                                      "archive, holes kept (compressed by suffix: .tar.gz, "
-                                     ".tar.xz, .tar.bz2)")
+                                     ".tar.xz, .tar.bz2)",
+                        description="Writes a store or a dataset directory (whole: its "
+                        "manifests and every store, under one folder) into one tar archive, "
+                        "holes kept; files the manifests do not name are left out and listed.")
     pk.add_argument("src", help="a store or a dataset directory")
     pk.add_argument("archive", help="a new file")
     pk.set_defaults(run=cmd_pack)
 
-    up = sub.add_parser("unpack", help="unpack an archive of a store or a dataset directory "
-                                       "(from pack, tar --sparse or tar) into a new directory, "
-                                       "checked before it appears")
+    up = sub.add_parser(
+        "unpack", help="unpack an archive of a store or a dataset directory into a new "
+        "directory, checked",
+        description="Unpacks an archive of a store or a dataset directory (from pack, tar "
+        "--sparse or tar), read strictly: only the layout's paths, each manifest checked as "
+        "it comes; the directory is built aside and renamed into place only once it holds "
+        "exactly what its manifests name, every record decoded. A bad archive is refused "
+        "(exit 3) and leaves nothing.")
     up.add_argument("archive")
     up.add_argument("dst", help="a new directory (built aside, then renamed into place)")
     up.add_argument("--overwrite", action="store_true",
