@@ -460,18 +460,17 @@ def _check_dataset(archive: str, root: str, contents: _Contents) -> dict[str, An
     except (CorruptStoreError, DatasetError, OSError) as e:
         raise CorruptStoreError(f"{archive}: the dataset directory it holds is not whole or "
                                 f"not valid: {str(e).replace(root, top)}") from None
-    folders = {""} | {path for path, _ in parts}
-    for what, found, named in (("manifest", contents.manifests, folders),
-                               ("store", contents.stores, {s.path for s in stores})):
-        strays = sorted(found - named)
+    named = {s.path for s in stores}
+    for what, found, wanted in (("manifest", contents.manifests, {""} | {p for p, _ in parts}),
+                                ("store", contents.stores, named)):
+        strays = sorted(found - wanted)
         if strays:
             raise CorruptStoreError(f"{archive}: it holds a {what} in {top}/{strays[0]}, "
                                     "which the manifests of its dataset directory do not name")
-        # (Every manifest named is there: column_stores read them.)
-        lost = sorted(named - found)
-        if lost:
-            raise CorruptStoreError(f"{archive}: it lacks {top}/{lost[0]}, the store of a "
-                                    "column its manifest names: cut short or damaged")
+    lost = sorted(named - contents.stores)  # (every manifest named is there: it was read)
+    if lost:
+        raise CorruptStoreError(f"{archive}: it lacks {top}/{lost[0]}, the store of a column "
+                                "its manifest names: cut short or damaged")
     try:
         reports = verified_stores(root, stores, top)
         check_dataset(root, top)
@@ -480,10 +479,10 @@ def _check_dataset(archive: str, root: str, contents: _Contents) -> dict[str, An
     return dataset_report(DatasetFiles(manifest, raw, parts, stores), reports)
 
 
-#: The folders of an archive of a dataset directory, by their path below the top folder: the
-#: top and each part are dataset folders (a manifest.json and stores), ``parts`` holds the
-#: parts, and a store folder its store's files.
 def _folder_kind(path: list[str]) -> str | None:
+    """What the folder at ``path`` (below the top folder) is in an archive of a dataset
+    directory: ``"dataset"`` (the top, or a part: a manifest.json and stores), ``"parts"``
+    (the folder of the parts), ``"store"`` (a store's files), or None (no such folder)."""
     if not path:
         return "dataset"
     if path == [PARTS_DIR]:
