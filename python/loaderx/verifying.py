@@ -28,9 +28,11 @@ store's path, with two kinds of fault, kept apart because they mean different th
   exits 1, as for a store);
 * ``problems``: the directory cannot be used as it is -- a store missing, unopenable, or of
   another kind, shape or length than the manifest says; a part's manifest unreadable or
-  disagreeing (``loaderx verify`` exits 3, as for a store that cannot be opened). A problem
-  of a part's manifest is the directory's (``problems`` of the report), and the stores of that
-  part are not checked.
+  disagreeing (``loaderx verify`` exits 3, as for a store that cannot be opened). A part's
+  manifest that cannot be read, or gives the part other rows than the directory's does, is a
+  problem of the directory (``problems`` of the report; the stores of a part whose manifest
+  cannot be read are not checked, the others are checked against the directory's count); a
+  part that lacks a column, or describes it otherwise, is a problem of that column.
 
 A directory whose own manifest cannot be read raises, as opening it would (CorruptStoreError,
 or DatasetError when it is not a dataset directory). ``max_listed`` bounds the damaged
