@@ -245,6 +245,18 @@ impl Zrecord {
         detach(py, || store.sync()).py()
     }
 
+    /// Makes this empty store the concatenation of `parts` by linking their chunk files in
+    /// (`Store::join_from`); the parts are only read.
+    fn join_from(&self, py: Python<'_>, parts: Vec<Bound<'_, Zrecord>>) -> PyResult<()> {
+        let store = self.get()?;
+        let handles = parts.iter().map(|p| p.get().get()).collect::<PyResult<Vec<_>>>()?;
+        detach(py, || {
+            let refs: Vec<&Store> = handles.iter().map(AsRef::as_ref).collect();
+            store.join_from(&refs)
+        })
+        .py()
+    }
+
     fn train_dict(
         &self,
         py: Python<'_>,

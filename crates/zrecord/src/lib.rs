@@ -40,6 +40,7 @@ pub mod format;
 mod frontier;
 mod gather;
 mod integrity;
+mod join;
 mod mapped;
 mod open_files;
 mod parts;
