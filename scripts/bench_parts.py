@@ -4,8 +4,9 @@
 (int64 ids, 64-float vectors as fixed-size lists, short strings) converted by
 ``loaderx.from_arrow`` in this process and by ``loaderx.intake.parts.from_dask`` on a
 ``LocalCluster`` of 2 worker processes (one thread each), the cluster started before the clock
-(it is started once per job, not per conversion); then random batches of 256 rows gathered from
-the single store and from the parts. Medians of ``--repeats`` runs, interleaved.
+(it is started once per job, not per conversion), its parts joined into one store per column
+(the default) and kept as a directory of parts (``join=False``); then random batches of 256 rows
+gathered from the single store and from both. Medians of ``--repeats`` runs, interleaved.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def main(repeats: int = 5, rows: int = ROWS, partitions: int = PARTITIONS) -> No
 
     table = _table(rows)
     mib = table.nbytes / 2**20
-    one, cluster_s, read_one, read_parts = [], [], [], []
+    one, cluster_s, kept_s, read_one, read_parts, read_kept = [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                          dashboard_address=None) as cluster, Client(cluster) as client:
@@ -92,20 +93,28 @@ def main(repeats: int = 5, rows: int = ROWS, partitions: int = PARTITIONS) -> No
             t = time.perf_counter()
             from_dask(os.path.join(tmp, f"parts{r}"), collection, client=client)
             cluster_s.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            from_dask(os.path.join(tmp, f"kept{r}"), collection, client=client, join=False)
+            kept_s.append(time.perf_counter() - t)
             read_one.append(_gather_rate(open_dataset(os.path.join(tmp, f"one{r}"))))
             read_parts.append(_gather_rate(open_dataset(os.path.join(tmp, f"parts{r}"))))
+            read_kept.append(_gather_rate(open_dataset(os.path.join(tmp, f"kept{r}"))))
     m = statistics.median
     print(f"\n## Converting on a local Dask cluster -- {rows:,} rows (int64, {DIM} float32, a "
           f"string; {mib:.0f} MiB in Arrow) in {partitions} Parquet files, medians of {repeats}\n")
     print("| converter | s | MiB/s | vs one process |\n|---|---|---|---|")
     print(f"| from_arrow, one process | {m(one):.2f} | {mib / m(one):.0f} | 1.00x |")
-    print(f"| from_dask, 2 worker processes | {m(cluster_s):.2f} | {mib / m(cluster_s):.0f} | "
-          f"{m(one) / m(cluster_s):.2f}x |")
+    print(f"| from_dask, 2 worker processes, parts joined | {m(cluster_s):.2f} | "
+          f"{mib / m(cluster_s):.0f} | {m(one) / m(cluster_s):.2f}x |")
+    print(f"| from_dask, 2 worker processes, parts kept (join=False) | {m(kept_s):.2f} | "
+          f"{mib / m(kept_s):.0f} | {m(one) / m(kept_s):.2f}x |")
     print("\n| read back: 256 random rows of every column | batches/s | vs one store |\n"
           "|---|---|---|")
     print(f"| one store per column | {m(read_one):,.0f} | 1.00x |")
-    print(f"| {partitions} parts per column | {m(read_parts):,.0f} | "
+    print(f"| {partitions} parts joined into one store per column | {m(read_parts):,.0f} | "
           f"{m(read_parts) / m(read_one):.2f}x |")
+    print(f"| {partitions} parts kept (join=False) | {m(read_kept):,.0f} | "
+          f"{m(read_kept) / m(read_one):.2f}x |")
 
 
 if __name__ == "__main__":

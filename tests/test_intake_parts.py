@@ -130,3 +130,76 @@ def test_parts_with_other_columns_are_refused(tmp_path):
     with pytest.raises(errors.DatasetError, match="other columns"):
         assemble(dst, 2)
     assert not os.path.exists(dst)
+
+
+def _chunk_inodes(store) -> set[int]:
+    return {os.stat(os.path.join(store, n)).st_ino for n in os.listdir(store)
+            if n.endswith(".zr") and n[:-3].isdigit()}
+
+
+def _write_parts(dst, sizes, **options):
+    import pyarrow as pa
+
+    from loaderx.intake.parts import write_part
+
+    start = 0
+    for k, n in enumerate(sizes):
+        ids = np.arange(start, start + n)
+        names = pa.array([f"n{i}" for i in ids], pa.string())
+        write_part(dst, k, pa.table({"id": ids, "name": names,
+                                     "vec": pa.FixedSizeListArray.from_arrays(
+                                         pa.array(np.repeat(ids, 4).astype(np.float32)), 4)}),
+                   **options)
+        start += n
+    return start
+
+
+def _check_rows(dst, n):
+    from loaderx import decode_strings, open_dataset
+
+    ds = open_dataset(dst)
+    assert len(ds["id"]) == n and (ds["id"][:] == np.arange(n)).all()
+    assert decode_strings(ds["name"][np.arange(n)]) == [f"n{i}" for i in range(n)]
+    assert (ds["vec"][:] == np.repeat(np.arange(n), 4).reshape(n, 4)).all()
+
+
+def test_assemble_joins_the_parts_into_one_store_per_column_without_copying(tmp_path):
+    from loaderx.intake import read_manifest
+    from loaderx.intake.parts import assemble, parts_dir
+
+    dst = tmp_path / "ds"
+    n = _write_parts(dst, [40, 0, 25, 300, 1])
+    linked = set().union(*(_chunk_inodes(os.path.join(parts_dir(dst), f"{k:05d}", "vec"))
+                           for k in range(5)))
+    assert assemble(dst, 5) == n
+    m = read_manifest(dst)
+    assert m.parts == () and m.rows == n     # one store per column, as one conversion writes
+    _check_rows(dst, n)
+    assert _chunk_inodes(dst / "vec") == linked   # the parts' chunk files, linked in
+    assert not os.path.exists(parts_dir(dst))
+    from loaderx.verifying import verify
+    assert verify(dst)["ok"]
+
+
+def test_parts_that_cannot_be_joined_are_kept_as_parts(tmp_path, monkeypatch):
+    from loaderx.intake import joining, read_manifest
+    from loaderx.intake.parts import assemble, write_part
+
+    # Asked not to join.
+    n = _write_parts(tmp_path / "a", [10, 20])
+    assert assemble(tmp_path / "a", 2, join=False) == n
+    assert [p.rows for p in read_manifest(tmp_path / "a").parts] == [10, 20]
+    _check_rows(tmp_path / "a", n)
+    # A column whose parts chose other codecs.
+    import pyarrow as pa
+    write_part(tmp_path / "b", 0, pa.table({"v": np.arange(5)}), codec={"v": "raw"})
+    write_part(tmp_path / "b", 1, pa.table({"v": np.arange(5, 9)}), codec={"v": "zstd"})
+    assert assemble(tmp_path / "b", 2) == 9
+    assert len(read_manifest(tmp_path / "b").parts) == 2
+    # More rows than one store holds: groups of consecutive parts, each joined.
+    monkeypatch.setattr(joining, "MAX_RECORDS", 25)
+    n = _write_parts(tmp_path / "d", [10, 10, 10, 10, 3])
+    assert assemble(tmp_path / "d", 5) == n
+    assert [p.rows for p in read_manifest(tmp_path / "d").parts] == [20, 23]
+    _check_rows(tmp_path / "d", n)
+

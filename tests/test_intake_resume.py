@@ -50,8 +50,11 @@ def _same_rows(dst: pathlib.Path, files: list[pathlib.Path]) -> None:
     assert ds["vec"][:].tolist() == want["vec"].to_pylist()
 
 
-def _part_inodes(dst: pathlib.Path) -> list[int]:
-    return [os.stat(dst / "parts" / f"{k:05d}" / "manifest.json").st_ino for k in range(FILES)]
+def _chunk_inodes(store: pathlib.Path | str) -> set[int]:
+    """The inodes of a store's chunk files: a part joined into the result shares them (its
+    chunk files are linked in), a part converted again does not."""
+    return {os.stat(os.path.join(store, n)).st_ino for n in os.listdir(store)
+            if n.endswith(".zr") and n[:-3].isdigit()}
 
 
 def test_a_resumable_conversion_equals_reading_the_files(tmp_path):
@@ -60,12 +63,12 @@ def test_a_resumable_conversion_equals_reading_the_files(tmp_path):
     assert from_arrow(dst, str(tmp_path / "in" / "*.parquet"), resume=True) == FILES * ROWS
     _same_rows(dst, files)
     m = read_manifest(dst)
-    assert [p.rows for p in m.parts] == [ROWS] * FILES
+    assert m.parts == () and m.rows == FILES * ROWS  # the parts joined: one store per column
     assert not os.path.exists(parts_dir(dst))
     # The same conversion, finished, run again: nothing rewritten, the same count.
-    before = _part_inodes(dst)
+    before = os.stat(dst / "manifest.json").st_ino, _chunk_inodes(dst / "id")
     assert from_arrow(dst, str(tmp_path / "in" / "*.parquet"), resume=True) == FILES * ROWS
-    assert _part_inodes(dst) == before
+    assert (os.stat(dst / "manifest.json").st_ino, _chunk_inodes(dst / "id")) == before
     # Another conversion into it is refused, as without resume.
     with pytest.raises(DatasetError, match="overwrite=True"):
         from_arrow(dst, [str(f) for f in files[:2]], resume=True)
@@ -75,7 +78,7 @@ def test_a_resumable_conversion_equals_reading_the_files(tmp_path):
 
 CHILD = textwrap.dedent("""
     import os, signal, sys
-    from loaderx.intake import directory, tables
+    from loaderx.intake import directory, joining, tables
 
     src, dst, kill_at = sys.argv[1], sys.argv[2], sys.argv[3]
     appends = {"n": 0}
@@ -93,6 +96,8 @@ CHILD = textwrap.dedent("""
     directory.DirectoryWriter.append = append
     if kill_at == "assemble":
         tables.assemble = assemble
+    if kill_at == "discard":  # killed once dst is published, before the parts are removed
+        joining.discard_parts = assemble
     tables.from_arrow(dst, src, resume=True, chunk_bytes=4096)
     print("finished")
 """)
@@ -116,15 +121,28 @@ def test_a_killed_conversion_resumes_where_it_stopped(tmp_path, kill_at):
     finished = [n for n in sorted(os.listdir(parts_dir(dst))) if n.isdigit()]
     assert len(finished) == {"append:1": 0, "append:8": 2, "append:15": 4,
                              "assemble": 5}[kill_at]
-    inodes = {n: os.stat(os.path.join(parts_dir(dst), n, "manifest.json")).st_ino
-              for n in finished}
+    kept = set().union(*(_chunk_inodes(os.path.join(parts_dir(dst), n, "vec"))
+                         for n in finished))
     assert from_arrow(dst, src, resume=True, chunk_bytes=4096) == FILES * ROWS
     _same_rows(dst, files)
-    # The parts finished before the kill were kept, not converted again.
-    for n, ino in inodes.items():
-        assert os.stat(dst / "parts" / n / "manifest.json").st_ino == ino
+    # The parts finished before the kill were kept, not converted again: their chunk files
+    # are the joined store's.
+    assert kept <= _chunk_inodes(dst / "vec")
+    assert len(kept) == len(finished)
     # Nothing left beside the result: no parts directory, no staging.
     assert sorted(os.listdir(tmp_path)) == ["ds", "in"]
+
+
+def test_a_kill_after_publishing_leaves_parts_the_next_run_removes(tmp_path):
+    files = _files(tmp_path / "in")
+    src = str(tmp_path / "in" / "*.parquet")
+    dst = tmp_path / "ds"
+    assert _convert_killed_at(src, dst, "discard") == -signal.SIGKILL
+    _same_rows(dst, files)  # published whole
+    assert os.path.isdir(parts_dir(dst))
+    assert from_arrow(dst, src, resume=True) == FILES * ROWS
+    assert sorted(os.listdir(tmp_path)) == ["ds", "in"]
+    _same_rows(dst, files)  # its chunk files were linked: removing the parts took nothing
 
 
 def test_a_file_changed_since_the_interrupted_run_is_converted_again(tmp_path):

@@ -61,12 +61,13 @@ def write_part(dst: str | os.PathLike[str], index: int, source: Any, **options: 
 
 
 def from_dask(dst: str | os.PathLike[str], collection: Any, *, client: Any = None,
-              overwrite: bool = False, **options: Any) -> int:
+              overwrite: bool = False, join: bool = True, **options: Any) -> int:
     """Converts a Dask DataFrame (or any Dask collection whose partitions ``from_arrow``
     takes, e.g. a bag of pyarrow Tables) into the dataset directory ``dst``: each partition is
     written by its own task as one part (:func:`write_part`), on ``client``'s cluster (the
     default client when None), then the parts are joined in partition order
-    (:func:`assemble`). Returns the row count. A task the cluster retries (its worker died)
+    (:func:`assemble`: into one store per column, unless ``join=False`` keeps them a
+    directory of parts). Returns the row count. A task the cluster retries (its worker died)
     replaces its part: the result has every row exactly once."""
     import dask
     from dask.delayed import delayed
@@ -80,4 +81,4 @@ def from_dask(dst: str | os.PathLike[str], collection: Any, *, client: Any = Non
         client.gather(client.compute(tasks))
     else:
         dask.compute(*tasks)
-    return assemble(dst, len(tasks), overwrite=overwrite)
+    return assemble(dst, len(tasks), overwrite=overwrite, join=join)

@@ -106,7 +106,7 @@ from loaderx.intake.directory import (
     is_dataset_directory,
     read_manifest,
 )
-from loaderx.intake.joining import assemble, part_path, parts_dir
+from loaderx.intake.joining import assemble, discard_parts, part_path, parts_dir
 from loaderx.zrecord import MAX_RECORD_BYTES, MAX_RECORDS, Codec
 
 __all__ = ["from_arrow", "DEFAULT_CHUNK_BYTES"]
@@ -235,6 +235,7 @@ def _resumable(pa: Any, dst: str | os.PathLike[str], files: list[str], options: 
     plan_digest = hashlib.sha256(json.dumps(prints).encode()).hexdigest()
     if os.path.lexists(dst) and not overwrite:
         if is_dataset_directory(dst) and read_manifest(dst).extra.get("resume") == plan_digest:
+            discard_parts(dst)  # what a kill just after publishing left
             return read_manifest(dst).rows  # this very conversion finished already
         raise DatasetError(f"{dst} exists (and is not this conversion, finished); pass "
                            "overwrite=True to replace it")
