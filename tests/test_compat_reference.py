@@ -150,3 +150,29 @@ def test_checksums_are_invisible_to_the_reference_and_survive_its_writes(peer, t
         assert report["unchecked"] >= 2 and report["checked"] > 0
         assert report["checked"] + report["unchecked"] == len(expected)
         assert ref_peer.read_store(z) == expected
+
+
+def test_reference_reads_and_extends_a_joined_store(peer, tmp_path):
+    """A store joined from parts (chunk files linked in, tables moved: ``join_from``) is an
+    ordinary store to the reference: it reads every record, and its delete, append and compact
+    work on it (``extend``)."""
+    model: list[bytes] = []
+    parts = []
+    for k in range(3):
+        z = Zrecord(tmp_path / f"part{k}", codec="zstd")
+        for codec, recs in ref_peer.make_batches(20 + k):
+            if codec != "zstd_dict":  # a joined store has no dictionary
+                z.append(*ref_peer.pack(recs), codec=codec)
+                model += recs
+        z.sync()
+        parts.append(z)
+    joined = Zrecord(tmp_path / "joined", codec="zstd")
+    joined._native.join_from([p._native for p in parts])
+    joined.close()
+    for p in parts:
+        p.close()
+    peer("read", str(tmp_path / "joined"), str(tmp_path / "read.npz"))
+    assert load(tmp_path / "read.npz") == model
+    peer("extend", str(tmp_path / "joined"), str(tmp_path / "extended.npz"))
+    with Zrecord(tmp_path / "joined") as z:
+        assert ref_peer.read_store(z) == load(tmp_path / "extended.npz")
