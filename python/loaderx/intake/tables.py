@@ -61,17 +61,16 @@ uninterrupted run gives (``overwrite=True`` replaces a finished one).
 
 **Resuming.** A long conversion of many Parquet files need not start over after a kill:
 ``from_arrow(dst, "data/*.parquet", resume=True)`` converts file ``k`` into part ``k``
-(``<dst>.parts/0000k``, each published whole in one rename), then joins the parts into ``dst``,
-a directory of parts (:mod:`loaderx.intake.joining`). Run again after an interruption, it keeps
+(``<dst>.parts/0000k``, each published whole in one rename), then joins the parts into ``dst``
+(:mod:`loaderx.intake.joining`). Run again after an interruption, it keeps
 every part that an earlier run finished from the same file -- same real path, size and
 modification time -- with the same ``columns``, ``codec`` and ``checksums``, and converts the
 others (the one the kill cut short is rewritten from its start); a finished conversion run again
 returns its row count and writes nothing. Every file is checked before any part is written, as
-without resume. The cost: a batch over a directory of parts reads each part it touches in its
-own store (about 0.3 µs per part touched, per column), so prefer few, large files -- or no
-resume when the conversion takes minutes. Sources other than Parquet files are one stream and
-are not resumed (``resume=True`` refuses them); an interrupted conversion of them leaves nothing
-behind, so it is simply run again.
+without resume. The parts are then joined into one store per column without copying a record
+(:func:`loaderx.intake.joining.assemble`), so the result reads as one conversion's. Sources
+other than Parquet files are one stream and are not resumed (``resume=True`` refuses them); an
+interrupted conversion of them leaves nothing behind, so it is simply run again.
 """
 
 from __future__ import annotations
