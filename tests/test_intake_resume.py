@@ -163,3 +163,19 @@ def test_resume_needs_parquet_files_and_a_bool(tmp_path):
     with pytest.raises(LoaderxTypeError, match="resume"):
         from_arrow(tmp_path / "ds", [str(files[0])], resume="yes")  # type: ignore[arg-type]
     assert not os.path.exists(tmp_path / "ds")
+
+
+def test_the_cli_resumes_parquet_conversions(tmp_path):
+    files = _files(tmp_path / "in")
+    dst = tmp_path / "ds"
+    cli = [sys.executable, "-m", "loaderx", "convert"]
+    glob = str(tmp_path / "in" / "*.parquet")
+    for _ in range(2):  # the second run finds the conversion finished
+        r = subprocess.run([*cli, glob, str(dst), "--resume"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert f"{FILES * ROWS} rows" in r.stdout
+    _same_rows(dst, files)
+    np.save(tmp_path / "a.npy", np.arange(3))
+    r = subprocess.run([*cli, str(tmp_path / "a.npy"), str(tmp_path / "npy"), "--resume"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--resume is for Parquet" in r.stderr

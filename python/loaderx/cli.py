@@ -179,6 +179,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     if _is_parquet(args.input):
         return _convert_parquet(args)
+    if args.resume:
+        raise _UsageError("--resume is for Parquet files (one part per file); other inputs "
+                          "are converted in one transaction: run the command again")
     files = _files_source(args.input)
     if files is not None:
         return files(args)
@@ -344,7 +347,7 @@ def _convert_parquet(args: argparse.Namespace) -> int:
     n = from_arrow(args.out, args.input, columns=columns, codec=args.codec or "zstd",
                    overwrite=args.overwrite, chunk_bytes=args.chunk_bytes,
                    progress=None if args.progress == "auto" else args.progress == "on",
-                   checksums=args.checksums)
+                   checksums=args.checksums, resume=args.resume)
     names = ", ".join(c.name for c in read_manifest(args.out).columns)
     print(f"{args.out}: {n} rows; columns {names}")
     return EXIT_OK
@@ -651,6 +654,9 @@ def _parser() -> argparse.ArgumentParser:
     tables = conv.add_argument_group("Parquet tables (INPUT: a .parquet path or quoted glob)")
     tables.add_argument("--columns", default=None, metavar="NAME,NAME",
                         help="the columns to convert, in this order (default: all)")
+    tables.add_argument("--resume", action="store_true",
+                        help="one part per file; run again after an interruption, keep the "
+                        "files an earlier run finished and convert the rest")
     conv.set_defaults(run=cmd_convert)
 
     ver = sub.add_parser(
