@@ -133,6 +133,8 @@ MIN_SAVING = 0.10
 MAX_COLUMNS = 4096
 #: Most parts one directory holds.
 MAX_PARTS = 100_000
+#: Bytes appended to a column's store between syncs while a directory is written.
+SYNC_EVERY = 32 << 20
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 _ESCAPED_NAME = re.compile(r"_[0-9]{1,5}_[A-Za-z0-9._-]{0,40}\Z")
@@ -522,6 +524,7 @@ class _ColumnWriter:
     dict_size: int | None
     adaptive: bool = False  # the codec is the writer's: settled by a trial on the first rows
     store: Zrecord | None = None
+    unsynced: int = 0  # bytes appended to ``store`` since its last sync
 
 
 class DirectoryWriter:
@@ -1018,6 +1021,12 @@ def _append_slice(w: _ColumnWriter, blob: np.ndarray, bounds: np.ndarray, start:
         _train_dict(w, blob[lo:hi], np.diff(bounds[start:start + count + 1]))
     if count:
         w.store.append(blob[lo:hi], offsets)
+        w.unsynced += hi - lo
+        if w.unsynced >= SYNC_EVERY:
+            # The disk writes while the next batches decode (the read-ahead thread, and the
+            # engine's compression, run meanwhile), instead of all at the commit's sync.
+            w.store.sync()
+            w.unsynced = 0
 
 
 #: zstd's own default dictionary size, the most an automatically sized one gets.
