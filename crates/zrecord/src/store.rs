@@ -128,6 +128,8 @@ pub struct Store {
     pub(crate) recently_cold: AtomicBool,
     /// Until when (`cold.rs`'s clock) warm gathers skip the cold-read probe.
     pub(crate) warm_until_ns: AtomicU64,
+    /// Consecutive gathers whose probe found their records in memory (`cold.rs`).
+    pub(crate) warm_streak: AtomicU32,
 }
 
 impl Store {
@@ -194,6 +196,7 @@ impl Store {
             verify_reads: AtomicBool::new(false),
             recently_cold: AtomicBool::new(false),
             warm_until_ns: AtomicU64::new(0),
+            warm_streak: AtomicU32::new(0),
             dict: OnceLock::new(),
             activity: Activity::default(),
             default_codec: options.codec,

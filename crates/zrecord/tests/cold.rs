@@ -83,6 +83,32 @@ fn a_cold_fixed_stride_gather_matches_a_warm_one() {
 }
 
 #[test]
+fn a_batch_partly_read_ahead_is_read_as_a_cold_one() {
+    // Readahead leaves batches partly in memory. While the store's reads go to the disk, the
+    // probe looks at many records, not three: a batch whose first, middle and last records are
+    // cached but whose others are not still takes the pread path (its other records would be
+    // read a page per fault on the copy path).
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_small_chunks(dir.path(), Codec::Raw, 1 << 20);
+    let recs: Vec<Vec<u8>> = (0..200).map(|i| record(i, 4096)).collect();
+    let (buf, off) = pack(&recs);
+    store.append(&buf, &off, None).unwrap();
+    store.sync().unwrap();
+    drop(store);
+    let store = open_small_chunks(dir.path(), Codec::Raw, 1 << 20);
+    evict(dir.path());
+    // The records three probes of 200 look at (either rounding of the middle).
+    let mut probed = vec![0u8; 4 * 4096];
+    store.gather_fixed(&[0, 99, 100, 199], &mut probed, 4096, usize::MAX).unwrap();
+    assert!(store.recently_cold(), "read from the disk: now cached");
+    let all: Vec<u64> = (0..200).collect();
+    let mut got = vec![0u8; 200 * 4096];
+    store.gather_fixed(&all, &mut got, 4096, usize::MAX).unwrap();
+    assert!(store.recently_cold(), "the first, middle and last records are cached, the rest not");
+    assert!(got == recs.concat());
+}
+
+#[test]
 fn a_cold_read_of_a_damaged_record_names_it() {
     let dir = tempfile::tempdir().unwrap();
     let (store, _) = filled(dir.path(), Codec::Raw);
