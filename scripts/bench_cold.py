@@ -328,9 +328,9 @@ def loader_run(repeats: int = 3) -> list[dict]:
         if device is not None:
             out.append({"loader": "fio randread 12 KiB, O_DIRECT, QD128 (the device)",
                         "bps": device * 2**20 / (BATCH * size), "fio": True})
-        for readahead, label in ((None, "loaderx, readahead on (default: 6 steps)"),
-                                 (16, "loaderx, readahead=16"), (32, "loaderx, readahead=32"),
-                                 (0, "loaderx, readahead=0")):
+        for readahead, label in ((None, "loaderx, defaults (readahead off with workers)"),
+                                 (6, "loaderx, readahead=6 (prefetch + workers here)"),
+                                 (16, "loaderx, readahead=16"), (32, "loaderx, readahead=32")):
             bps = []
             for _ in range(repeats):
                 evict(store_files(paths["raw"]))

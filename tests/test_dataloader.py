@@ -569,7 +569,7 @@ def test_readahead_over_an_evicted_store_gives_the_same_batches(tmp_path, readah
     fresh = {n: DenseDataset(tmp_path / n) for n in ("data", "label")}
     options = {} if readahead is None else {"readahead": readahead}
     with DataLoader(fresh, batch_size=8, seed=5, mode="iid", num_workers=2, **options) as loader:
-        assert loader.readahead == (4 + 2 if readahead is None else readahead)
+        assert loader.readahead == (0 if readahead is None else readahead)
         for step in range(6):
             got = next(loader)
             np.testing.assert_array_equal(got["data"], expected(step, 8, "iid", 5)["data"])
@@ -579,6 +579,15 @@ def test_readahead_over_an_evicted_store_gives_the_same_batches(tmp_path, readah
                                           expected(step, 8, "iid", 5)["label"])
     for ds in fresh.values():
         ds.close()
+
+
+def test_readahead_defaults_to_the_prefetch_depth_without_workers(streams):
+    """With workers, their window already keeps its batches' reads in flight: no readahead by
+    default. Without, batches are built only when asked for: readahead of prefetch_size."""
+    with DataLoader(streams, batch_size=8, num_workers=0, prefetch_size=3) as loader:
+        assert loader.readahead == 3
+    with DataLoader(streams, batch_size=8, num_workers=2, prefetch_size=3) as loader:
+        assert loader.readahead == 0
 
 
 def test_readahead_is_checked(streams):
