@@ -109,7 +109,7 @@ the new step. The default is ``prefetch_size`` steps with ``num_workers=0``, who
 built on the consumer's thread only when asked for, so that the disk works while the consumer
 computes; and off with workers, whose window of ``prefetch_size + num_workers`` steps already
 keeps that many batches' reads in flight: over a dataset larger than memory, readahead on top
-of four workers read 0.75x of fio's rate on the same file, against 0.80x without
+of the workers read 0.75x of fio's rate on the same file, against 0.86x without
 (``scripts/bench_cold.py``, the loader rows; its page-cache reads compete with the workers'
 own ``pread`` s on the device and, on 2 cores, for the CPU). Pass ``readahead=N`` to set it.
 
