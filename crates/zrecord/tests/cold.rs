@@ -58,20 +58,26 @@ fn evicted_records_read_back_exactly_in_every_codec() {
     }
 }
 
-#[test]
-fn a_cold_fixed_stride_gather_matches_a_warm_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_small_chunks(dir.path(), Codec::Raw, 1 << 20);
+/// 200 raw records of a page each, written, then opened afresh (nothing of them mapped:
+/// pages a gather has copied out of the map stay mapped, and eviction cannot drop mapped
+/// pages) and evicted.
+fn paged_and_evicted(dir: &Path) -> (Store, Vec<Vec<u8>>) {
+    let store = open_small_chunks(dir, Codec::Raw, 1 << 20);
     let recs: Vec<Vec<u8>> = (0..200).map(|i| record(i, 4096)).collect();
     let (buf, off) = pack(&recs);
     store.append(&buf, &off, None).unwrap();
     store.sync().unwrap();
     drop(store);
-    let store = open_small_chunks(dir.path(), Codec::Raw, 1 << 20);
-    // (Pages a gather has copied out of the map stay mapped, and eviction cannot drop mapped
-    // pages: the cold read comes first.)
+    let store = open_small_chunks(dir, Codec::Raw, 1 << 20);
+    evict(dir);
+    (store, recs)
+}
+
+#[test]
+fn a_cold_fixed_stride_gather_matches_a_warm_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, recs) = paged_and_evicted(dir.path());
     let idx: Vec<u64> = (0..200).rev().step_by(3).collect();
-    evict(dir.path());
     let mut cold = vec![0u8; idx.len() * 4096];
     store.gather_fixed(&idx, &mut cold, 4096, usize::MAX).unwrap();
     assert!(store.recently_cold());
@@ -89,14 +95,7 @@ fn a_batch_partly_read_ahead_is_read_as_a_cold_one() {
     // cached but whose others are not still takes the pread path (its other records would be
     // read a page per fault on the copy path).
     let dir = tempfile::tempdir().unwrap();
-    let store = open_small_chunks(dir.path(), Codec::Raw, 1 << 20);
-    let recs: Vec<Vec<u8>> = (0..200).map(|i| record(i, 4096)).collect();
-    let (buf, off) = pack(&recs);
-    store.append(&buf, &off, None).unwrap();
-    store.sync().unwrap();
-    drop(store);
-    let store = open_small_chunks(dir.path(), Codec::Raw, 1 << 20);
-    evict(dir.path());
+    let (store, recs) = paged_and_evicted(dir.path());
     // The records three probes of 200 look at (either rounding of the middle).
     let mut probed = vec![0u8; 4 * 4096];
     store.gather_fixed(&[0, 99, 100, 199], &mut probed, 4096, usize::MAX).unwrap();
