@@ -156,9 +156,36 @@ class _Encoder:
         return ref
 
 
+def _flat_in(out: dict[Any, Any], own: Segment) -> list[tuple[Any, ...]] | None:
+    """The :meth:`Ref.fields` of a dict of plain NumPy arrays that all lie in ``own`` -- what
+    the gather wrote, the identity or an in-place transform: most batches -- or None for
+    anything else, which the full walk then handles."""
+    refs = []
+    low, high = own.address, own.address + own.size
+    for value in out.values():
+        if type(value) is not np.ndarray or value.dtype.hasobject or value.size == 0:
+            return None
+        address: int = value.__array_interface__["data"][0]
+        if value.flags.c_contiguous:
+            lo, hi = address, address + value.nbytes
+        else:
+            lo, hi = _span(value)
+        if not (low <= lo and hi <= high):
+            return None
+        refs.append(Ref(own.ident, address - low, value.shape, value.strides, value.dtype,
+                        False).fields())
+    return refs
+
+
 def encode(out: Any, memory: BatchMemory, arena: Arena) -> tuple[Any, list[Segment]]:
     """``out`` as a skeleton of :class:`Ref` s, and the segments it names (lent from now on;
     the batch's own segment is given back if nothing lies in it)."""
+    own = memory.segment
+    if type(out) is dict and out and own is not None:
+        refs = _flat_in(out, own)
+        if refs is not None:  # the common case, without the walk
+            arena.lend(own)
+            return Flat(tuple(out), refs), [own]
     encoder = _Encoder(memory.segment)
     skeleton = encoder.walk(out)
     lent: list[Segment] = []
