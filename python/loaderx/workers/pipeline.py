@@ -183,7 +183,10 @@ class ProcessPipeline(Window):
                     if self.wake_read in ready:
                         _drain(self.wake_read)
                     self._take_in(ready)
-                    self.cond.notify_all()
+                    # Only what a consumer waits for (take()): its step, or the end. A wake-up
+                    # for anything else costs it a thread switch for nothing.
+                    if self.next_step in self.ready or self.fatal is not None:
+                        self.cond.notify_all()
         except BaseException as e:  # a bug here must not leave the consumer waiting forever
             with self.cond:
                 if self.fatal is None:
