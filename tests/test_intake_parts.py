@@ -203,3 +203,16 @@ def test_parts_that_cannot_be_joined_are_kept_as_parts(tmp_path, monkeypatch):
     assert [p.rows for p in read_manifest(tmp_path / "d").parts] == [20, 23]
     _check_rows(tmp_path / "d", n)
 
+
+
+def test_parts_past_one_stores_chunks_are_joined_in_groups(tmp_path, monkeypatch):
+    """A group of joined parts holds at most one store's chunks (4096; here 3): every part
+    brings at least one chunk file."""
+    from loaderx.intake import joining, read_manifest
+    from loaderx.intake.parts import assemble
+
+    monkeypatch.setattr(joining, "MAX_CHUNKS", 3)
+    n = _write_parts(tmp_path / "ds", [5] * 7)
+    assert assemble(tmp_path / "ds", 7) == n
+    assert [p.rows for p in read_manifest(tmp_path / "ds").parts] == [15, 15, 5]
+    _check_rows(tmp_path / "ds", n)

@@ -44,11 +44,17 @@ from loaderx.intake.directory import (
     Column,
     Manifest,
     Part,
+    claim_destination,
+    put_in_place,
     read_manifest,
+    release_stores,
 )
 from loaderx.zrecord import MAX_RECORDS, Codec, Zrecord
 
-__all__ = ["assemble", "parts_dir", "part_path", "discard_parts"]
+#: Chunk files one store holds (docs/FORMAT.md).
+MAX_CHUNKS = 4096
+
+__all__ = ["assemble", "parts_dir", "part_path", "discard_parts", "shares_chunks"]
 
 _PART_NAME = re.compile(r"[0-9]{5}\Z")
 
@@ -97,10 +103,19 @@ def assemble(dst: str | os.PathLike[str], count: int, *, overwrite: bool = False
             raise DatasetError(f"part {k:05d} of {dst} has other columns than part 00000 "
                                f"({[c.name for c in m.columns]} against {[s[0] for s in shape]}"
                                "); every task must write the same columns")
-    if os.path.lexists(dst) and not overwrite:
-        raise DatasetError(f"{dst} exists; pass overwrite=True to replace it")
     staging.remove_stale(dst)
-    extra_all = {**first.extra, **(extra or {})}
+    # As every converter: only a dataset or store is replaced, under its stores' writer locks
+    # (so its readers learn of the replacement); anything else at dst is refused.
+    old = claim_destination(dst, overwrite)
+    try:
+        return _assemble(dst, root, manifests, {**first.extra, **(extra or {})}, join, old)
+    finally:
+        release_stores(old)
+
+
+def _assemble(dst: str, root: str, manifests: list[Manifest], extra_all: dict[str, Any],
+              join: bool, old: list[Zrecord]) -> int:
+    count, first = len(manifests), manifests[0]
     with staging.private_dir(dst, "assemble") as build:
         manifest = _joined(build, root, manifests, extra_all) if join else None
         moved = manifest is None
@@ -116,10 +131,7 @@ def assemble(dst: str | os.PathLike[str], count: int, *, overwrite: bool = False
             staging.fsync_dir(root)
         _native.replace_file(build, MANIFEST_FILE, manifest.to_bytes())
         try:
-            if os.path.lexists(dst):
-                staging.replace(build, dst)
-            else:
-                staging.publish(build, dst)
+            put_in_place(build, dst, old)
         except BaseException:
             # Put the parts back where their tasks wrote them: assembling can be tried again.
             for k in range(count if moved else 0):
@@ -147,6 +159,21 @@ def discard_parts(dst: str | os.PathLike[str]) -> None:
             os.rmdir(root)
 
 
+def shares_chunks(part: str) -> bool:
+    """Whether a chunk file of part ``part`` has another name too: a part joined into a
+    published dataset that a kill kept from being removed. Its bytes are that dataset's now
+    (compacting it rewrites them in place), so it is never joined again."""
+    for store in os.listdir(part):
+        path = os.path.join(part, store)
+        if not os.path.isdir(path) or os.path.islink(path):
+            continue
+        for name in os.listdir(path):
+            if name.endswith(".zr") and name[:-3].isdigit() \
+                    and os.lstat(os.path.join(path, name)).st_nlink > 1:
+                return True
+    return False
+
+
 def _storeless(columns: Sequence[Column]) -> tuple[Column, ...]:
     """The columns as a directory of parts lists them: each part's manifest names its stores."""
     return tuple(Column(c.name, "", c.kind, c.dtype, c.item_shape, c.codec, c.extra)
@@ -166,14 +193,19 @@ def _joined(build: str, root: str, manifests: list[Manifest],
         codecs = {m.columns[i].codec for m in manifests if m.rows} or {col.codec}
         if codecs != {col.codec} or col.codec == "zstd_dict":
             return None
+    # Consecutive parts per group, at most one store's records and chunks (a part brings the
+    # chunks its stores' files are numbered up to).
     groups: list[list[int]] = [[]]
-    rows = 0
+    rows = chunks = 0
     for k, m in enumerate(manifests):
-        if groups[-1] and rows + m.rows > MAX_RECORDS:
+        part_chunks = max(_chunks_of(os.path.join(root, f"{k:05d}", c.store))
+                          for c in m.columns) if m.columns else 0
+        if groups[-1] and (rows + m.rows > MAX_RECORDS or chunks + part_chunks > MAX_CHUNKS):
             groups.append([])
-            rows = 0
+            rows = chunks = 0
         groups[-1].append(k)
         rows += m.rows
+        chunks += part_chunks
     total = sum(m.rows for m in manifests)
     try:
         if len(groups) == 1:
@@ -197,6 +229,13 @@ def _joined(build: str, root: str, manifests: list[Manifest],
         for name in os.listdir(build):
             shutil.rmtree(os.path.join(build, name))
         return None
+
+
+def _chunks_of(store: str) -> int:
+    """One past the highest chunk file number in ``store``: at least the chunks it uses."""
+    numbers = [int(n[:-3]) for n in os.listdir(store)
+               if n.endswith(".zr") and n[:-3].isdigit()]
+    return max(numbers, default=-1) + 1
 
 
 #: What ``link`` fails with where hard links cannot be made (another file system, one that has
