@@ -678,3 +678,45 @@ def test_a_dataset_archive_is_read_within_bounds_of_its_own(tmp_path: pathlib.Pa
     assert unpack(tmp_path / "many.tar", tmp_path / "dst")["kind"] == "dataset"
     refused(tmp_path, many + tc.member("ds/manifest.json", GOOD_MANIFEST) + empty_store("ds/x")
             + tc.end(), "headers")
+
+
+def test_a_damaged_store_copied_over_another_leaves_that_one_whole(
+        tmp_path: pathlib.Path) -> None:
+    """copy(..., overwrite=True) checks the copy before it takes dst's place."""
+    from loaderx.converter import from_numpy
+
+    good = np.arange(64, dtype=np.int64).reshape(16, 4)
+    from_numpy(tmp_path / "good", good, codec="raw")
+    from_numpy(tmp_path / "bad", good + 1, codec="raw", checksums=True)
+    chunk = tmp_path / "bad" / "0.zr"
+    data = bytearray(chunk.read_bytes())
+    data[10] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(CorruptStoreError, match="does not verify"):
+        copy(tmp_path / "bad", tmp_path / "good", overwrite=True)
+    with Zrecord(tmp_path / "good") as z:
+        assert len(z) == 16
+    from loaderx.dataset import DenseDataset
+    with DenseDataset(tmp_path / "good") as ds:
+        assert (ds[:] == good).all()
+
+
+def test_a_part_that_is_a_link_is_refused(tmp_path: pathlib.Path) -> None:
+    """A directory of parts whose parts/00000 links elsewhere is not read, copied or packed."""
+    import pyarrow as pa
+
+    from loaderx.verifying import verify
+
+    dst = tmp_path / "ds"
+    for k in range(2):
+        write_part(dst, k, pa.table({"v": np.arange(k * 4, k * 4 + 4)}))
+    assemble(dst, 2, join=False)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(str(dst / "parts" / "00000"), elsewhere)
+    os.symlink(elsewhere, dst / "parts" / "00000")
+    for action in (lambda: open_dataset(dst), lambda: copy(dst, tmp_path / "copy"),
+                   lambda: pack(dst, tmp_path / "ds.tar")):
+        with pytest.raises(CorruptStoreError, match="symbolic link"):
+            action()
+    assert not verify(dst)["ok"]
+    assert not os.path.exists(tmp_path / "copy") and not os.path.exists(tmp_path / "ds.tar")

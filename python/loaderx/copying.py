@@ -122,10 +122,11 @@ def copy(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
             return _copy_dataset(os.path.abspath(src), dst, old)
         with held_still(src), staging.private_dir(dst, "copy") as tmp:
             copied, apparent = copy_files(src, tmp)
+            # Checked before it replaces anything: a damaged source never takes dst's place.
+            records, report = verified(tmp, "the copy")
             put_in_place(tmp, dst, old)
     finally:
         release_stores(old)
-    records, report = verified(dst, "the copy")
     return {"kind": "store", "records": records, "bytes_copied": copied,
             "apparent_bytes": apparent, "verify": report}
 

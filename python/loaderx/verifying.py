@@ -48,7 +48,13 @@ import numpy as np
 
 from loaderx import _schema
 from loaderx.errors import CorruptStoreError, DatasetError, MissingDictionaryError
-from loaderx.intake.directory import Column, Part, is_dataset_directory, read_manifest
+from loaderx.intake.directory import (
+    PARTS_DIR,
+    Column,
+    Part,
+    is_dataset_directory,
+    read_manifest,
+)
 from loaderx.zrecord import Zrecord
 
 __all__ = ["verify", "verify_store", "verify_dataset"]
@@ -160,6 +166,11 @@ def verify_dataset(path: str | os.PathLike[str], *, max_listed: int = 100) -> di
                 _check_store(path, col.store, None, col, manifest.rows, budget))
     for part in manifest.parts:
         sub_path = os.path.join(path, *part.path.split("/"))
+        links = [p for p in (os.path.join(path, PARTS_DIR), sub_path) if os.path.islink(p)]
+        if links:
+            problems.append(f"{part.path}: {links[0]} is a symbolic link, not a part inside the "
+                            "directory; the stores of this part were not checked")
+            continue
         try:
             sub = read_manifest(sub_path)
         except (*_STORE_FAULTS, OSError) as e:

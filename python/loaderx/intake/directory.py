@@ -401,6 +401,12 @@ def part_columns(root: str, part: Part, columns: Sequence[Column]) -> list[Colum
     checks them: the part holds the rows the directory's manifest says, has no parts of its
     own, and has every column with the same kind, dtype and item shape (CorruptStoreError)."""
     sub_path = os.path.join(root, *part.path.split("/"))
+    # Neither parts/ nor the part may be a link: a manifest names what lies inside its
+    # directory, and copy, pack and verify would otherwise take in a directory elsewhere.
+    for step in (os.path.join(root, PARTS_DIR), sub_path):
+        if os.path.islink(step):
+            raise CorruptStoreError(f"{step} is a symbolic link; a dataset directory's parts "
+                                    "lie inside it (replace the link with the directory)")
     sub = read_manifest(sub_path)
     if sub.rows != part.rows or sub.parts:
         raise CorruptStoreError(f"{sub_path}: the part holds {sub.rows} rows"
