@@ -179,3 +179,33 @@ def test_the_cli_resumes_parquet_conversions(tmp_path):
     r = subprocess.run([*cli, str(tmp_path / "a.npy"), str(tmp_path / "npy"), "--resume"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--resume is for Parquet" in r.stderr
+
+
+def test_resume_with_overwrite_replaces_only_a_dataset(tmp_path):
+    files = _files(tmp_path / "in")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("not a dataset")
+    with pytest.raises(DatasetError, match="replaces only datasets"):
+        from_arrow(mine, [str(f) for f in files], resume=True, overwrite=True)
+    assert (mine / "thesis.txt").read_text() == "not a dataset"
+
+
+def test_parts_already_joined_into_a_dataset_are_converted_again(tmp_path):
+    """A kill between publishing and removing the parts leaves parts whose chunk files are
+    the published dataset's too. Another conversion into dst (here: one more file) converts
+    them again rather than joining bytes that now belong to that dataset."""
+    from loaderx.intake.joining import shares_chunks
+
+    files = _files(tmp_path / "in")
+    src = str(tmp_path / "in" / "*.parquet")
+    dst = tmp_path / "ds"
+    assert _convert_killed_at(src, dst, "discard") == -signal.SIGKILL
+    left = pathlib.Path(parts_dir(dst)) / "00000"
+    assert shares_chunks(str(left))
+    kept = _chunk_inodes(left / "vec")
+    more = tmp_path / "in" / "part-9.parquet"
+    pq.write_table(_table(9), more)
+    assert from_arrow(dst, src, resume=True, overwrite=True) == (FILES + 1) * ROWS
+    _same_rows(dst, [*files, more])
+    assert not kept & _chunk_inodes(dst / "vec")

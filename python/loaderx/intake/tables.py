@@ -62,9 +62,9 @@ uninterrupted run gives (``overwrite=True`` replaces a finished one).
 **Resuming.** A long conversion of many Parquet files need not start over after a kill:
 ``from_arrow(dst, "data/*.parquet", resume=True)`` converts file ``k`` into part ``k``
 (``<dst>.parts/0000k``, each published whole in one rename), then joins the parts into ``dst``
-(:mod:`loaderx.intake.joining`). Run again after an interruption, it keeps
-every part that an earlier run finished from the same file -- same real path, size and
-modification time -- with the same ``columns``, ``codec`` and ``checksums``, and converts the
+(:mod:`loaderx.intake.joining`). Run again after an interruption, it keeps every part that
+an earlier run finished from the same file -- same real path, inode, size, modification and
+change times -- with the same ``columns``, ``codec`` and ``checksums``, and converts the
 others (the one the kill cut short is rewritten from its start); a finished conversion run again
 returns its row count and writes nothing. Every file is checked before any part is written, as
 without resume. The parts are then joined into one store per column without copying a record
@@ -105,7 +105,13 @@ from loaderx.intake.directory import (
     is_dataset_directory,
     read_manifest,
 )
-from loaderx.intake.joining import assemble, discard_parts, part_path, parts_dir
+from loaderx.intake.joining import (
+    assemble,
+    discard_parts,
+    part_path,
+    parts_dir,
+    shares_chunks,
+)
 from loaderx.zrecord import MAX_RECORD_BYTES, MAX_RECORDS, Codec
 
 __all__ = ["from_arrow", "DEFAULT_CHUNK_BYTES"]
@@ -244,7 +250,8 @@ def _resumable(pa: Any, dst: str | os.PathLike[str], files: list[str], options: 
     os.makedirs(parts_dir(dst), exist_ok=True)
     for k, (file, fp) in enumerate(zip(files, prints, strict=True)):
         part = part_path(dst, k)
-        if is_dataset_directory(part) and read_manifest(part).extra.get("resume") == fp:
+        if (is_dataset_directory(part) and read_manifest(part).extra.get("resume") == fp
+                and not shares_chunks(part)):
             continue  # finished by an earlier run, from this very file
         src = _parquet_source(pa, [file], options.chunk_bytes)
         _write(part, src, _plan(pa, src.schema, options.columns), options, True,
@@ -256,7 +263,8 @@ def _fingerprint(file: str, options: _Options) -> str:
     """What a finished part must have been converted from: the file (its real path, size and
     modification time) and the options that decide the stored bytes."""
     st = os.stat(file)
-    return json.dumps([os.path.realpath(file), st.st_size, st.st_mtime_ns, options.digest()])
+    return json.dumps([os.path.realpath(file), st.st_ino, st.st_size, st.st_mtime_ns,
+                       st.st_ctime_ns, options.digest()])
 
 
 # -- sources -------------------------------------------------------------------------------------
