@@ -720,3 +720,18 @@ def test_a_part_that_is_a_link_is_refused(tmp_path: pathlib.Path) -> None:
             action()
     assert not verify(dst)["ok"]
     assert not os.path.exists(tmp_path / "copy") and not os.path.exists(tmp_path / "ds.tar")
+
+
+def test_folder_tables_listing_more_files_than_an_archive_holds_are_refused(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every folder's table is kept until the end of unpack: together they are bounded (here
+    at 5 files) by what an archive may hold, so small folders cannot claim unbounded memory."""
+    import loaderx.archive as archive
+
+    src = tmp_path / "src"
+    from_arrow(src, table())
+    pack(src, tmp_path / "ds.tar")
+    monkeypatch.setattr(archive, "_MAX_LISTED", 5)
+    with pytest.raises(CorruptStoreError, match="list more than 5 files"):
+        unpack(tmp_path / "ds.tar", tmp_path / "out")
+    assert not os.path.exists(tmp_path / "out")

@@ -116,6 +116,8 @@ _LIMITS = Limits(headers=4 * (_MAX_CHUNKS + 8), extension_bytes=1 << 20,
 # it is a dataset directory's, it is read within the bounds of one store.
 _DATASET_LIMITS = Limits(headers=1 << 20, extension_bytes=1 << 20, extension_total=256 << 20,
                          regions=1 << 20, trailing_zeros=16 << 20)
+#: Files the folders' tables may list in all: an archive's own bound on headers.
+_MAX_LISTED = _DATASET_LIMITS.headers
 
 _MANIFEST_KEY, _CRC_KEY = "loaderx-pack", "loaderx-pack-crc32"
 _MANIFEST_VERSION = 1
@@ -454,6 +456,12 @@ def _check_dataset(archive: str, root: str, contents: _Contents) -> dict[str, An
     top = contents.top or ""
     try:
         manifest, raw = manifest_and_bytes(root)
+        # Bounded by what the archive held before a store per column and part is listed (a
+        # small manifest can name millions); a few missing are named precisely below.
+        named_count = len(manifest.columns) * max(1, len(manifest.parts))
+        if named_count > 2 * len(contents.stores) + 64:
+            raise CorruptStoreError(f"its manifest names {named_count:,} stores, the archive "
+                                    f"holds {len(contents.stores):,}")
         stores = column_stores(root, manifest)
         parts = [(p.path, manifest_and_bytes(os.path.join(root, *p.path.split("/")))[1])
                  for p in manifest.parts]
@@ -533,6 +541,7 @@ class _Contents:
         self.made: set[str] = {""}  # folders created below the staging directory
         self.stores: set[str] = set()  # paths of the store folders that have files
         self.manifests: set[str] = set()  # paths of the folders that have a manifest.json
+        self.listed = 0  # files the folders' tables list, in all (kept until the end)
 
     @property
     def limits(self) -> Limits:
@@ -620,6 +629,12 @@ class _Contents:
         if strays:
             raise self._refuse(f"its manifest{where} lists {strays[0]}, which cannot be in "
                                "that folder: damaged")
+        # Every table is kept until the end: together they may list no more files than an
+        # archive may hold headers (a few small folders cannot claim gigabytes of tables).
+        self.listed += len(table)
+        if self.listed > _MAX_LISTED:
+            raise self._refuse(f"its folders list more than {_MAX_LISTED:,} files, more than "
+                               "an archive may hold")
         seen.table = table
 
     def _admit_file(self, member: Member, path: list[str]) -> None:
