@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
+use zrecord::across::Starts;
 use zrecord::Store;
 
 use crate::buffers::{check_lengths_out, slice_mut};
@@ -21,7 +22,7 @@ use crate::store::Zrecord;
 #[pyclass(name = "Across", module = "loaderx._native", frozen)]
 pub struct Across {
     stores: Vec<Py<Zrecord>>,
-    starts: Vec<u64>,
+    starts: Starts,
 }
 
 impl Across {
@@ -38,8 +39,7 @@ fn refs(handles: &[Arc<Store>]) -> Vec<&Store> {
 impl Across {
     #[new]
     fn new(py: Python<'_>, stores: Vec<Py<Zrecord>>, starts: PyBuffer<u64>) -> PyResult<Self> {
-        let starts = starts.to_vec(py)?;
-        zrecord::across::check_starts(stores.len(), &starts).py()?;
+        let starts = Starts::new(stores.len(), starts.to_vec(py)?).py()?;
         Ok(Across { stores, starts })
     }
 
@@ -108,7 +108,7 @@ impl Across {
     fn __len__(&self) -> usize {
         // Bounded by the stores' record limits (2^24 each, at most a few hundred thousand
         // stores), far below usize on the 64-bit targets this builds for.
-        usize::try_from(self.starts[self.stores.len()]).unwrap_or(usize::MAX)
+        usize::try_from(self.starts.total()).unwrap_or(usize::MAX)
     }
 }
 

@@ -5,8 +5,9 @@
 //! grouping the batch, and, from Python, one crossing of the binding per store.
 //!
 //! The stores are one index space: store `k` holds the records `starts[k]..starts[k + 1]`
-//! (`starts` has one entry more than there are stores, from 0, never decreasing), so record
-//! `i` of the concatenation is record `i - starts[k]` of the store `k` whose range holds it.
+//! ([`Starts`]: one entry more than there are stores, from 0, never decreasing, checked once
+//! when made), so record `i` of the concatenation is record `i - starts[k]` of the store `k`
+//! whose range holds it.
 //! The batch is located by a binary search of `starts` per record and grouped by a counting
 //! sort into one array, so each store sees its records in batch order, and one pair of index
 //! buffers serves every store of a call. A call that fails may have written the records of the
@@ -34,9 +35,15 @@ enum Positions<'a> {
 }
 
 impl Groups {
-    fn new(stores: usize, starts: &[u64], indices: &[u64]) -> Result<Self> {
-        check_starts(stores, starts)?;
-        let total = starts[stores];
+    fn new(stores: &[&Store], starts: &Starts, indices: &[u64]) -> Result<Self> {
+        if stores.len() != starts.stores() {
+            return Err(Error::invalid(format!(
+                "{} stores, but start offsets for {}",
+                stores.len(),
+                starts.stores()
+            )));
+        }
+        let (stores, total, starts) = (starts.stores(), starts.total(), &starts.0[..]);
         let mut part = Vec::with_capacity(indices.len());
         let mut local = Vec::with_capacity(indices.len());
         let mut bounds = vec![0usize; stores + 1];
@@ -84,22 +91,40 @@ impl Groups {
     }
 }
 
-/// Checks that `starts` describes `stores` stores: one entry more, from 0, never decreasing.
-///
-/// # Errors
-/// `InvalidArgument` naming what is wrong.
-pub fn check_starts(stores: usize, starts: &[u64]) -> Result<()> {
-    if starts.len() != stores + 1 {
-        return Err(Error::invalid(format!(
-            "{stores} stores need {} start offsets, got {}",
-            stores + 1,
-            starts.len()
-        )));
+/// Where each store of a concatenation starts: one offset more than there are stores, from 0,
+/// never decreasing (store `k` holds records `starts[k]..starts[k + 1]`). Checked once, when
+/// made, so that a read need not check it again.
+#[derive(Clone, Debug)]
+pub struct Starts(Vec<u64>);
+
+impl Starts {
+    /// The start offsets of `stores` stores.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming what is wrong.
+    pub fn new(stores: usize, starts: Vec<u64>) -> Result<Self> {
+        if starts.len() != stores + 1 {
+            return Err(Error::invalid(format!(
+                "{stores} stores need {} start offsets, got {}",
+                stores + 1,
+                starts.len()
+            )));
+        }
+        if starts[0] != 0 || starts.windows(2).any(|w| w[1] < w[0]) {
+            return Err(Error::invalid("store start offsets must begin at 0 and never decrease"));
+        }
+        Ok(Starts(starts))
     }
-    if starts[0] != 0 || starts.windows(2).any(|w| w[1] < w[0]) {
-        return Err(Error::invalid("store start offsets must begin at 0 and never decrease"));
+
+    /// The number of stores.
+    pub fn stores(&self) -> usize {
+        self.0.len() - 1
     }
-    Ok(())
+
+    /// The number of records of the concatenation.
+    pub fn total(&self) -> u64 {
+        self.0[self.0.len() - 1]
+    }
 }
 
 /// `values[i]` for each of `positions`, into `out` (cleared first): one buffer serves every
@@ -113,10 +138,11 @@ fn pick(values: &[u64], positions: &[usize], out: &mut Vec<u64>) {
 /// into row `i` of `dst` (or row `rows[i]`, strictly increasing).
 ///
 /// # Errors
-/// Bad `starts`, an index past the concatenation, or what a store's own gather refuses.
+/// Other stores than `starts` describes, an index past the concatenation, or what a
+/// store's own gather refuses.
 pub fn gather_fixed_across(
     stores: &[&Store],
-    starts: &[u64],
+    starts: &Starts,
     indices: &[u64],
     rows: Option<&[u64]>,
     dst: &mut [u8],
@@ -136,7 +162,7 @@ pub fn gather_fixed_across(
         }
         _ => {}
     }
-    let groups = Groups::new(stores.len(), starts, indices)?;
+    let groups = Groups::new(stores, starts, indices)?;
     let (mut local, mut into) = (Vec::new(), Vec::new());
     for (k, positions) in groups.each() {
         match positions {
@@ -184,10 +210,11 @@ pub fn gather_fixed_across(
 /// at byte `offsets[i]`.
 ///
 /// # Errors
-/// Bad `starts`, an index past the concatenation, or what a store's own gather refuses.
+/// Other stores than `starts` describes, an index past the concatenation, or what a
+/// store's own gather refuses.
 pub fn gather_across(
     stores: &[&Store],
-    starts: &[u64],
+    starts: &Starts,
     indices: &[u64],
     dst: &mut [u8],
     offsets: &[u64],
@@ -195,7 +222,7 @@ pub fn gather_across(
     if offsets.len() != indices.len() {
         return Err(Error::invalid("one destination offset per index"));
     }
-    let groups = Groups::new(stores.len(), starts, indices)?;
+    let groups = Groups::new(stores, starts, indices)?;
     let (mut local, mut at) = (Vec::new(), Vec::new());
     for (k, positions) in groups.each() {
         match positions {
@@ -216,10 +243,11 @@ pub fn gather_across(
 /// concatenation.
 ///
 /// # Errors
-/// Bad `starts`, an index past the concatenation, or past its store's own length.
-pub fn lengths_across(stores: &[&Store], starts: &[u64], indices: &[u64]) -> Result<Vec<u32>> {
+/// Other stores than `starts` describes, an index past the concatenation, or past its
+/// store's own length.
+pub fn lengths_across(stores: &[&Store], starts: &Starts, indices: &[u64]) -> Result<Vec<u32>> {
     let mut out = vec![0u32; indices.len()];
-    let groups = Groups::new(stores.len(), starts, indices)?;
+    let groups = Groups::new(stores, starts, indices)?;
     let mut local = Vec::new();
     for (k, positions) in groups.each() {
         match positions {

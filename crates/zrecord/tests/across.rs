@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use zrecord::across::{gather_across, gather_fixed_across, lengths_across};
+use zrecord::across::{gather_across, gather_fixed_across, lengths_across, Starts};
 use zrecord::{Codec, Error, Store};
 
 /// Three stores of 40 fixed 24-byte records each; record r of store k is `record(k * 1000 + r)`.
@@ -33,7 +33,7 @@ fn a_batch_across_stores_equals_each_record_read_alone() {
             idx.sort_unstable();
         }
         let (parts, local): (Vec<u64>, Vec<u64>) = idx.iter().map(|&i| (i / 40, i % 40)).unzip();
-        let starts = [0, 40, 80, 120];
+        let starts = Starts::new(3, vec![0, 40, 80, 120]).unwrap();
         let want: Vec<u8> =
             parts.iter().zip(&local).flat_map(|(&p, &i)| record(p * 1000 + i, 24)).collect();
         let mut got = vec![0u8; 200 * 24];
@@ -65,7 +65,7 @@ fn an_empty_store_between_others_is_passed_over() {
     let owned = stores(&dirs, Codec::Raw);
     let refs: Vec<&Store> = owned.iter().collect();
     // The middle store contributes no records: 0..40 are store 0's, 40..60 store 2's first 20.
-    let starts = [0, 40, 40, 60];
+    let starts = Starts::new(3, vec![0, 40, 40, 60]).unwrap();
     let idx = [0, 39, 40, 59];
     let mut got = vec![0u8; 4 * 24];
     gather_fixed_across(&refs, &starts, &idx, None, &mut got, 24, 1).unwrap();
@@ -80,14 +80,19 @@ fn bad_offsets_and_indices_are_refused() {
     let refs: Vec<&Store> = owned.iter().collect();
     let mut dst = vec![0xAAu8; 2 * 24];
     // An index past the concatenation fails before any store is read.
-    let past = gather_fixed_across(&refs, &[0, 40, 80], &[1, 80], None, &mut dst, 24, 1);
+    let two = Starts::new(2, vec![0, 40, 80]).unwrap();
+    let past = gather_fixed_across(&refs, &two, &[1, 80], None, &mut dst, 24, 1);
     assert!(matches!(past, Err(Error::IndexOutOfRange { index: 80, len: 80 })));
     assert!(dst.iter().all(|&b| b == 0xAA));
-    for starts in [&[0, 40][..], &[1, 40, 80], &[0, 50, 40], &[0, 40, 80, 120]] {
-        let bad = gather_fixed_across(&refs, starts, &[1], None, &mut dst[..24], 24, 1);
+    for starts in [vec![0, 40], vec![1, 40, 80], vec![0, 50, 40]] {
+        let bad = Starts::new(2, starts.clone());
         assert!(matches!(bad, Err(Error::InvalidArgument(_))), "{starts:?}");
     }
+    // Offsets for three stores given two.
+    let three = Starts::new(3, vec![0, 40, 80, 120]).unwrap();
+    let bad = gather_fixed_across(&refs, &three, &[1], None, &mut dst[..24], 24, 1);
+    assert!(matches!(bad, Err(Error::InvalidArgument(_))));
     // Offsets that claim more records than a store holds: its own check refuses the index.
-    let beyond = lengths_across(&refs, &[0, 50, 90], &[45]);
+    let beyond = lengths_across(&refs, &Starts::new(2, vec![0, 50, 90]).unwrap(), &[45]);
     assert!(matches!(beyond, Err(Error::IndexOutOfRange { index: 45, len: 40 })));
 }
