@@ -55,7 +55,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import tarfile
 import zlib
 from dataclasses import dataclass, field
@@ -90,6 +89,7 @@ from loaderx.intake.directory import (
     read_manifest,
     release_stores,
 )
+from loaderx.zrecord import CHUNK_CAPACITY, MAX_CHUNKS, chunk_number
 
 __all__ = ["pack", "unpack"]
 
@@ -97,18 +97,15 @@ _BLOCK = 64 << 10  # also the granularity at which runs of zeros become holes
 
 # What docs/FORMAT.md allows each store file to be.
 _TABLE_BYTES = 16 + 16 * _native.MAX_RECORDS  # meta.zr and sums.zr: exactly this
-_CHUNK_CAPACITY = 1 << 32
-_MAX_CHUNKS = _native.MAX_RECORDS * _native.MAX_RECORD_BYTES // _CHUNK_CAPACITY  # 4096
 _MAX_DICT_BYTES = 32 << 20
 _GEN_BYTES = 64
-_CHUNK = re.compile(r"(0|[1-9][0-9]{0,3})\.zr")
 _NAMED = {"meta.zr", "sums.zr", "dict.zr", "gen.zr", _schema.SCHEMA_FILE}
 _NOT_CARRIED = "gen.zr"  # a fresh store makes its own; a retired one would stay retired
 
 # How much an archive of one store may hold. A store has at most 4096 chunk files and five
 # others, each with an extension header or two; names are short; 2**20 data regions per file
 # (16 MiB of map) is far more than any file system gives a 4 GiB chunk.
-_LIMITS = Limits(headers=4 * (_MAX_CHUNKS + 8), extension_bytes=1 << 20,
+_LIMITS = Limits(headers=4 * (MAX_CHUNKS + 8), extension_bytes=1 << 20,
                  extension_total=16 << 20, regions=1 << 20, trailing_zeros=16 << 20)
 # An archive of a dataset directory holds any number of stores (a column's, in each part), so
 # its bounds are on the whole: 2**20 headers (a file takes one to three: some 350,000 files),
@@ -133,9 +130,8 @@ def _size_limit(name: str) -> tuple[int, bool] | None:
         return _MAX_DICT_BYTES, False
     if name == _schema.SCHEMA_FILE:
         return _schema.MAX_SCHEMA_BYTES, False
-    m = _CHUNK.fullmatch(name)
-    if m is not None and int(m.group(1)) < _MAX_CHUNKS:
-        return _CHUNK_CAPACITY, False
+    if chunk_number(name) is not None:
+        return CHUNK_CAPACITY, False
     return None
 
 
@@ -559,11 +555,11 @@ class _Contents:
                 "directory in the archive's one top folder (an archive of a dataset directory "
                 "holds only manifest.json, <store>/<file>, parts/NNNNN/manifest.json and "
                 "parts/NNNNN/<store>/<file>: regular files, a store's named like meta.zr, 0.zr "
-                f"(chunks 0 to {_MAX_CHUNKS - 1}), dict.zr, schema.msgpack)")
+                f"(chunks 0 to {MAX_CHUNKS - 1}), dict.zr, schema.msgpack)")
         return self._refuse(
             f"member {member.name!r} is not a store file in the archive's one top folder "
             "(an archive of one store holds only regular files named like meta.zr, 0.zr "
-            f"(chunks 0 to {_MAX_CHUNKS - 1}), dict.zr, schema.msgpack)")
+            f"(chunks 0 to {MAX_CHUNKS - 1}), dict.zr, schema.msgpack)")
 
     def _folder_kind(self, path: list[str]) -> str | None:
         if self.kind == "dataset":
@@ -694,7 +690,7 @@ class _Contents:
             return crc
         table = value.get("files")
         if (value[key] != _MANIFEST_VERSION or not isinstance(table, dict)
-                or len(table) > _MAX_CHUNKS + len(_NAMED)
+                or len(table) > MAX_CHUNKS + len(_NAMED)
                 or not all(isinstance(k, str) and (_size_limit(k) is not None
                                                     or k == MANIFEST_FILE)
                            and type(v) is int and v >= 0 for k, v in table.items())):

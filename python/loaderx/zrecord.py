@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 from typing import Any, Literal
 
 import numpy as np
@@ -30,7 +31,8 @@ from loaderx import _native
 from loaderx._convert import as_indices, as_offsets, destination_bytes, source_bytes
 from loaderx.errors import LoaderxValueError
 
-__all__ = ["Zrecord", "Codec", "CODECS", "MAX_RECORDS", "MAX_RECORD_BYTES"]
+__all__ = ["Zrecord", "Codec", "CODECS", "MAX_RECORDS", "MAX_RECORD_BYTES", "CHUNK_CAPACITY",
+           "MAX_CHUNKS", "chunk_number"]
 
 #: A codec name, for type checkers: ``codec="lz4"`` is an error before the program runs.
 Codec = Literal["raw", "zstd", "zstd_dict"]
@@ -42,6 +44,20 @@ CODECS: tuple[str, ...] = _native.CODECS
 MAX_RECORDS: int = _native.MAX_RECORDS
 #: Largest record, in bytes.
 MAX_RECORD_BYTES: int = _native.MAX_RECORD_BYTES
+#: Bytes one chunk file holds at most, and chunk files one store holds (docs/FORMAT.md).
+CHUNK_CAPACITY = 1 << 32
+MAX_CHUNKS = MAX_RECORDS * MAX_RECORD_BYTES // CHUNK_CAPACITY  # 4096
+
+_CHUNK_NAME = re.compile(r"(0|[1-9][0-9]{0,3})\.zr")
+
+
+def chunk_number(name: str) -> int | None:
+    """The number of the chunk file called ``name`` in a store (``0.zr`` .. ``4095.zr``, as
+    docs/FORMAT.md spells them), or None for any other name."""
+    m = _CHUNK_NAME.fullmatch(name)
+    if m is None or int(m.group(1)) >= MAX_CHUNKS:
+        return None
+    return int(m.group(1))
 
 # At exit, wait for native calls other threads are making before the interpreter finalizes
 # (a thread coming back from one into a finalizing interpreter would abort the process).

@@ -49,10 +49,7 @@ from loaderx.intake.directory import (
     read_manifest,
     release_stores,
 )
-from loaderx.zrecord import MAX_RECORDS, Codec, Zrecord
-
-#: Chunk files one store holds (docs/FORMAT.md).
-MAX_CHUNKS = 4096
+from loaderx.zrecord import MAX_CHUNKS, MAX_RECORDS, Codec, Zrecord, chunk_number
 
 __all__ = ["assemble", "parts_dir", "part_path", "discard_parts", "shares_chunks"]
 
@@ -168,7 +165,7 @@ def shares_chunks(part: str) -> bool:
         if not os.path.isdir(path) or os.path.islink(path):
             continue
         for name in os.listdir(path):
-            if name.endswith(".zr") and name[:-3].isdigit() \
+            if chunk_number(name) is not None \
                     and os.lstat(os.path.join(path, name)).st_nlink > 1:
                 return True
     return False
@@ -233,8 +230,7 @@ def _joined(build: str, root: str, manifests: list[Manifest],
 
 def _chunks_of(store: str) -> int:
     """One past the highest chunk file number in ``store``: at least the chunks it uses."""
-    numbers = [int(n[:-3]) for n in os.listdir(store)
-               if n.endswith(".zr") and n[:-3].isdigit()]
+    numbers = [n for n in map(chunk_number, os.listdir(store)) if n is not None]
     return max(numbers, default=-1) + 1
 
 
