@@ -80,16 +80,19 @@ def _dtype(spec: np.dtype[Any] | str) -> np.dtype[Any]:
     return spec
 
 
-def _span(a: np.ndarray) -> tuple[int, int]:
-    """The lowest and one past the highest byte address ``a`` reads."""
+def _span(a: np.ndarray) -> tuple[int, int, int]:
+    """The address of ``a``'s first element, and the lowest and one past the highest byte
+    address ``a`` reads."""
     start: int = a.__array_interface__["data"][0]
+    if a.flags.c_contiguous:
+        return start, start, start + a.nbytes
     lo = hi = start
     for n, stride in zip(a.shape, a.strides, strict=True):
         if stride < 0:
             lo += (n - 1) * stride
         else:
             hi += (n - 1) * stride
-    return lo, hi + a.itemsize
+    return start, lo, hi + a.itemsize
 
 
 def _as_array(value: Any) -> tuple[np.ndarray | None, bool]:
@@ -127,6 +130,16 @@ class _Encoder:
         self.extra_bytes = 0
         self.used_own = False
 
+    def in_own(self, array: np.ndarray, torch: bool) -> Ref | None:
+        """Where ``array`` lies in the batch's own segment, or None when it does not."""
+        own = self.own
+        start, lo, hi = _span(array)
+        if own is None or not (self.low <= lo and hi <= self.high):
+            return None
+        self.used_own = True
+        return Ref(own.ident, start - own.address, array.shape, array.strides, array.dtype,
+                   torch)
+
     def walk(self, value: Any) -> Any:
         kind = type(value)
         if kind in _PLAIN:
@@ -142,12 +155,9 @@ class _Encoder:
         array, torch = _as_array(value)
         if array is None:
             return value
-        lo, hi = _span(array)
-        own = self.own
-        if own is not None and self.low <= lo and hi <= self.high:
-            self.used_own = True
-            return Ref(own.ident, array.__array_interface__["data"][0] - own.address,
-                       array.shape, array.strides, array.dtype, torch)
+        ref = self.in_own(array, torch)
+        if ref is not None:
+            return ref
         # Computed by the transform: copied later into one extra segment, C-contiguous (the
         # segment and the strides are filled in then).
         ref = Ref(-1, self.extra_bytes, array.shape, (), array.dtype, torch)
@@ -156,37 +166,31 @@ class _Encoder:
         return ref
 
 
-def _flat_in(out: dict[Any, Any], own: Segment) -> list[tuple[Any, ...]] | None:
-    """The :meth:`Ref.fields` of a dict of plain NumPy arrays that all lie in ``own`` -- what
-    the gather wrote, the identity or an in-place transform: most batches -- or None for
-    anything else, which the full walk then handles."""
+def _flat_in(out: dict[Any, Any], encoder: _Encoder) -> list[tuple[Any, ...]] | None:
+    """The :meth:`Ref.fields` of a dict of plain NumPy arrays that all lie in the batch's own
+    segment -- what the gather wrote, the identity or an in-place transform: most batches --
+    or None for anything else, which the full walk then handles."""
     refs = []
-    low, high = own.address, own.address + own.size
     for value in out.values():
         if type(value) is not np.ndarray or value.dtype.hasobject or value.size == 0:
             return None
-        address: int = value.__array_interface__["data"][0]
-        if value.flags.c_contiguous:
-            lo, hi = address, address + value.nbytes
-        else:
-            lo, hi = _span(value)
-        if not (low <= lo and hi <= high):
+        ref = encoder.in_own(value, False)
+        if ref is None:
             return None
-        refs.append(Ref(own.ident, address - low, value.shape, value.strides, value.dtype,
-                        False).fields())
+        refs.append(ref.fields())
     return refs
 
 
 def encode(out: Any, memory: BatchMemory, arena: Arena) -> tuple[Any, list[Segment]]:
     """``out`` as a skeleton of :class:`Ref` s, and the segments it names (lent from now on;
     the batch's own segment is given back if nothing lies in it)."""
+    encoder = _Encoder(memory.segment)
     own = memory.segment
     if type(out) is dict and out and own is not None:
-        refs = _flat_in(out, own)
+        refs = _flat_in(out, encoder)
         if refs is not None:  # the common case, without the walk
             arena.lend(own)
             return Flat(tuple(out), refs), [own]
-    encoder = _Encoder(memory.segment)
     skeleton = encoder.walk(out)
     lent: list[Segment] = []
     if encoder.copies:
