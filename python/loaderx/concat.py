@@ -29,21 +29,19 @@ import numpy as np
 from loaderx import _native
 from loaderx.dataset import (
     _BATCH_INDEX,
-    _U64,
     DenseDataset,
     RaggedDataset,
-    _batch_buffer,
     _dense_gather,
     _indices,
     _one_index,
     _ragged_layout,
     _ragged_views,
     _schema,
+    _shortest_batch,
     _whole_rows,
 )
 from loaderx.errors import (
     DatasetError,
-    LoaderxIndexError,
     LoaderxTypeError,
     LoaderxValueError,
 )
@@ -150,8 +148,8 @@ class ConcatDataset:
     # -- reading ---------------------------------------------------------------------------------
 
     def _locate(self, idxs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each global index's part (uint32) and index within it (uint64)."""
-        part = (np.searchsorted(self._starts, idxs, side="right") - 1).astype(np.uint32)
+        """Each global index's part and index within it."""
+        part = np.searchsorted(self._starts, idxs, side="right") - 1
         return part, idxs - self._starts[part]
 
     def __getitem__(self, idx: Any) -> Any:
@@ -170,17 +168,7 @@ class ConcatDataset:
         return self.gather(flat.reshape(-1)).reshape(flat.shape + self.item_shape)
 
     def _batch(self, idx: np.ndarray) -> np.ndarray | None:
-        """A dense batch given as a 1-D int64 or uint64 array, on the shortest path (as
-        ``DenseDataset`` has it): the engine checks the indices before it writes anything, and
-        None sends an index it refuses (negative, or out of range) to the general path."""
-        n = len(idx)
-        raw = _batch_buffer(n * self.record_bytes)
-        try:
-            self._across.gather_fixed(idx.view(_U64), raw, self.record_bytes, None, None)
-        except LoaderxIndexError:
-            return None
-        out: np.ndarray = raw.view(self.dtype).reshape((n, *self.item_shape))
-        return out
+        return _shortest_batch(self, self._across.gather_fixed, idx, self.record_bytes)
 
     def __getitems__(self, idxs: Sequence[int]) -> Any:
         flat = _indices(idxs, self._len).reshape(-1)

@@ -262,14 +262,7 @@ class DenseDataset(_StoreView):
         the engine checks the indices itself, before it writes anything. None when it refuses
         them (a negative index, which counts from the end, or one out of range): the general
         path then handles or reports them."""
-        n = len(idx)
-        raw = _batch_buffer(n * self._row_bytes)
-        try:
-            self._native_gather_fixed(idx.view(_U64), raw, self._row_bytes, None, None)
-        except LoaderxIndexError:
-            return None
-        out: np.ndarray = raw.view(self.dtype).reshape((n, *self.item_shape))
-        return out
+        return _shortest_batch(self, self._native_gather_fixed, idx, self._row_bytes)
 
     def __getitems__(self, idxs: Sequence[int]) -> np.ndarray:
         """Batch fetch, as torch's DataLoader calls it: the records as one array."""
@@ -287,6 +280,23 @@ _BATCH_INDEX = (np.dtype(np.int64), _U64)
 #: Below this many bytes a batch buffer need not be aligned to 64 bytes: ``copy_bytes``
 #: copies records under 2 KiB with plain ``memcpy`` whatever their alignment.
 _ALIGNED_FROM = 256 * 1024
+
+
+def _shortest_batch(view: Any, gather_fixed: Callable[..., None], idx: np.ndarray,
+                    row_bytes: int) -> np.ndarray | None:
+    """The shortest path of a dense view's batch (``DenseDataset``, a dense
+    ``ConcatDataset``): ``idx`` (1-D int64 or uint64) gathered by the native ``gather_fixed``
+    into a new array, the engine checking the indices before it writes anything; None when it
+    refuses them (a negative index, which counts from the end, or one out of range), for the
+    general path to handle or report."""
+    n = len(idx)
+    raw = _batch_buffer(n * row_bytes)
+    try:
+        gather_fixed(idx.view(_U64), raw, row_bytes, None, None)
+    except LoaderxIndexError:
+        return None
+    out: np.ndarray = raw.view(view.dtype).reshape((n, *view.item_shape))
+    return out
 
 
 def _batch_buffer(nbytes: int) -> np.ndarray:
