@@ -49,10 +49,10 @@ import numpy as np
 from loaderx import _schema
 from loaderx.errors import CorruptStoreError, DatasetError, MissingDictionaryError
 from loaderx.intake.directory import (
-    PARTS_DIR,
     Column,
     Part,
     is_dataset_directory,
+    part_directory,
     read_manifest,
 )
 from loaderx.zrecord import Zrecord
@@ -165,14 +165,8 @@ def verify_dataset(path: str | os.PathLike[str], *, max_listed: int = 100) -> di
             columns[col.name]["stores"].append(
                 _check_store(path, col.store, None, col, manifest.rows, budget))
     for part in manifest.parts:
-        sub_path = os.path.join(path, *part.path.split("/"))
-        links = [p for p in (os.path.join(path, PARTS_DIR), sub_path) if os.path.islink(p)]
-        if links:
-            problems.append(f"{part.path}: {links[0]} is a symbolic link, not a part inside the "
-                            "directory; the stores of this part were not checked")
-            continue
         try:
-            sub = read_manifest(sub_path)
+            sub = read_manifest(part_directory(path, part))
         except (*_STORE_FAULTS, OSError) as e:
             problems.append(f"{part.path}: its manifest cannot be read ({e}); the stores of "
                             "this part were not checked")

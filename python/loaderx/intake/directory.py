@@ -395,18 +395,24 @@ def open_dataset(path: str | os.PathLike[str], *, columns: Sequence[str] | None 
         raise
 
 
+def part_directory(root: str, part: Part) -> str:
+    """The directory of part ``part`` of the directory of parts ``root``. Neither ``parts/``
+    nor the part may be a link (CorruptStoreError): a manifest names what lies inside its
+    directory, and copy, pack and verify would otherwise take in a directory elsewhere."""
+    sub_path = os.path.join(root, *part.path.split("/"))
+    for step in (os.path.join(root, PARTS_DIR), sub_path):
+        if os.path.islink(step):
+            raise CorruptStoreError(f"{step} is a symbolic link; a dataset directory's parts "
+                                    "lie inside it (replace the link with the directory)")
+    return sub_path
+
+
 def part_columns(root: str, part: Part, columns: Sequence[Column]) -> list[Column]:
     """``columns`` (of the manifest of the directory of parts ``root``) as the manifest of its
     part ``part`` describes them (each with its own ``store``), checked as :func:`open_dataset`
     checks them: the part holds the rows the directory's manifest says, has no parts of its
     own, and has every column with the same kind, dtype and item shape (CorruptStoreError)."""
-    sub_path = os.path.join(root, *part.path.split("/"))
-    # Neither parts/ nor the part may be a link: a manifest names what lies inside its
-    # directory, and copy, pack and verify would otherwise take in a directory elsewhere.
-    for step in (os.path.join(root, PARTS_DIR), sub_path):
-        if os.path.islink(step):
-            raise CorruptStoreError(f"{step} is a symbolic link; a dataset directory's parts "
-                                    "lie inside it (replace the link with the directory)")
+    sub_path = part_directory(root, part)
     sub = read_manifest(sub_path)
     if sub.rows != part.rows or sub.parts:
         raise CorruptStoreError(f"{sub_path}: the part holds {sub.rows} rows"
