@@ -62,9 +62,9 @@ fn probing() -> bool {
 }
 
 impl Store {
-    /// Whether some of these records are probably not in memory: probes the first, the middle
-    /// and the last record of the batch.
-    /// While warm, at most once per [`WARM_PROBE_INTERVAL_NS`].
+    /// Whether some of these records are probably not in memory: probes [`PROBES`] records
+    /// spread over the batch, [`COLD_PROBES`] while the store's reads go to the disk and for
+    /// [`WARM_STREAK`] gathers after; while warm, at most once per [`WARM_PROBE_INTERVAL_NS`].
     pub(crate) fn probably_cold(&self, slots: &[Slot<'_>]) -> bool {
         let n = slots.len();
         if n == 0 || !probing() {
@@ -144,8 +144,8 @@ impl Store {
         Ok(true)
     }
 
-    /// Whether one of the first, middle and last of `n` records (table entries by `loc_of`) is
-    /// not in memory: the probe gathers and prefetches decide by. A chunk that cannot be opened
+    /// Whether one of `probes` records spread over `n` (table entries by `loc_of`, from the
+    /// first to the last) is not in memory: the probe gathers and prefetches decide by. A chunk that cannot be opened
     /// counts as resident: the read that follows reports it, naming the record.
     fn sample_is_cold(&self, n: usize, probes: usize, loc_of: impl Fn(usize) -> RecordLoc) -> bool {
         // `probes` records spread evenly from the first to the last.

@@ -239,9 +239,10 @@ def _resumable(pa: Any, dst: str | os.PathLike[str], files: list[str], options: 
     prints = [_fingerprint(f, options) for f in files]
     plan_digest = hashlib.sha256(json.dumps(prints).encode()).hexdigest()
     if os.path.lexists(dst) and not overwrite:
-        if is_dataset_directory(dst) and read_manifest(dst).extra.get("resume") == plan_digest:
+        done = read_manifest(dst) if is_dataset_directory(dst) else None
+        if done is not None and done.extra.get("resume") == plan_digest:
             discard_parts(dst)  # what a kill just after publishing left
-            return read_manifest(dst).rows  # this very conversion finished already
+            return done.rows  # this very conversion finished already
         raise DatasetError(f"{dst} exists (and is not this conversion, finished); pass "
                            "overwrite=True to replace it")
     if len(files) > MAX_PARTS:
@@ -260,8 +261,8 @@ def _resumable(pa: Any, dst: str | os.PathLike[str], files: list[str], options: 
 
 
 def _fingerprint(file: str, options: _Options) -> str:
-    """What a finished part must have been converted from: the file (its real path, size and
-    modification time) and the options that decide the stored bytes."""
+    """What a finished part must have been converted from: the file (its real path, inode,
+    size, modification and change times) and the options that decide the stored bytes."""
     st = os.stat(file)
     return json.dumps([os.path.realpath(file), st.st_ino, st.st_size, st.st_mtime_ns,
                        st.st_ctime_ns, options.digest()])
