@@ -1,8 +1,8 @@
 """The consumer's side of a window of steps, shared by the thread and the process pipelines.
 
-Workers -- threads, or the I/O thread of the worker processes -- file finished batches under
-their step in ``ready``; the consumer waits on ``cond`` for the step it is at, takes it, and
-moves on. Taking a step must survive an interrupt: Python runs a signal handler (Ctrl-C) after
+Workers file finished batches under their step in ``ready`` -- the thread workers themselves,
+the worker processes through the consumer, which reads their replies while it waits -- and the
+consumer waits for the step it is at, takes it, and moves on. Taking a step must survive an interrupt: Python runs a signal handler (Ctrl-C) after
 any call or at a backward jump, so a KeyboardInterrupt can land while the lock is taken or
 released. :meth:`Window.take` then gives the step back (and the lock, if the interrupt left it
 held), so the next call returns the step and ``state_dict()`` still points at it.
@@ -41,7 +41,8 @@ class Window:
     """Steps from ``start_step`` on (``steps`` of them; None: endless). Subclasses start their
     workers in :meth:`_start`, say whether they did in :meth:`_started`, may raise a failure
     that ends the loader in :meth:`_check` while the consumer waits, hear of every move of the
-    position in :meth:`_moved` (called under the lock), and stop everything in ``stop()``."""
+    position in :meth:`_moved` (called under the lock), may do the waiting themselves in
+    :meth:`_wait`, and stop everything in ``stop()``."""
 
     #: What ``next()`` says in a process the pipeline was not made in.
     forked_message = "this DataLoader was created in another process; create it here"
@@ -74,6 +75,11 @@ class Window:
     def _moved(self) -> None:
         return
 
+    def _wait(self) -> None:
+        """Waits, with the lock held, until something may have changed: by default until a
+        worker notifies the condition."""
+        self.cond.wait()
+
     def stop(self) -> None:
         raise NotImplementedError
 
@@ -97,7 +103,7 @@ class Window:
                     self._check()
                     if self.closed:
                         raise LoaderClosedError("the DataLoader was closed while waiting")
-                    self.cond.wait()
+                    self._wait()
                 step, generation = self.next_step, self.generation
                 item = self.ready[step]
                 failed = isinstance(item, Failure)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from loaderx.errors import LoaderxValueError
+from loaderx.workers.dtypes import dtype_spec
 from loaderx.workers.mapping import Mapping
 
 __all__ = ["Arena", "BatchMemory", "Segment"]
@@ -157,12 +158,15 @@ class Arena:
 
 class BatchMemory:
     """The :class:`loaderx._batch.Memory` of one batch in a worker: every stream's part of the
-    batch at an aligned offset of one segment."""
+    batch at an aligned offset of one segment. The dense arrays it makes are ``known``: by
+    ``id``, the array and where it lies (a :meth:`loaderx.workers.layout.Ref.fields` tuple),
+    so that a transform that returns them as they are costs no look at their addresses."""
 
     def __init__(self, arena: Arena) -> None:
         self.arena = arena
         self.segment: Segment | None = None
         self.offsets: list[int] = []
+        self.known: dict[int, tuple[np.ndarray, tuple[Any, ...]]] = {}
 
     def reserve(self, sizes: list[int]) -> None:
         offsets, end = [], 0
@@ -182,7 +186,11 @@ class BatchMemory:
     def dense(self, i: int, shape: tuple[int, ...], dtype: np.dtype[Any],
               rows: int) -> tuple[np.ndarray, np.ndarray]:
         raw = self._view(i, math.prod(shape) * dtype.itemsize)
-        return raw.view(dtype).reshape(shape), raw
+        out = raw.view(dtype).reshape(shape)
+        if self.segment is not None and out.size:
+            self.known[id(out)] = (out, (self.segment.ident, self.offsets[i], out.shape,
+                                         out.strides, dtype_spec(dtype), False))
+        return out, raw
 
     def ragged(self, i: int, nbytes: int) -> np.ndarray:
         return self._view(i, nbytes)

@@ -5,14 +5,16 @@ with it -- followed by the pickled payload. The descriptors are sent with the he
 ``sendmsg`` (SCM_RIGHTS), so they arrive with the frame's first bytes and a receiver that
 parses frames in order takes them in order.
 
-The worker side blocks (:func:`send`, :func:`recv`); the consumer reads without blocking
+The worker side blocks (:func:`send`, :class:`Inbox`); the consumer reads without blocking
 through a :class:`Reader`, which keeps partial frames between calls so that it can wait on
-several workers at once.
+several workers at once, and which loses nothing to an interrupt (see there).
 """
 
 from __future__ import annotations
 
 import array
+import functools
+import itertools
 import os
 import pickle
 import socket
@@ -21,7 +23,7 @@ from typing import Any
 
 from loaderx.errors import InternalError
 
-__all__ = ["Closed", "Reader", "recv", "send"]
+__all__ = ["Closed", "Inbox", "Reader", "frame_bytes", "send"]
 
 _HEADER = struct.Struct("<IIQ")  # magic, descriptor count, payload length
 _MAGIC = 0x4C58574B              # "LXWK"
@@ -31,6 +33,12 @@ MAX_FDS = 16
 
 class Closed(Exception):  # a signal between the two sides, never shown to users
     """The other end of the socket is closed."""
+
+
+def frame_bytes(message: Any) -> bytes:
+    """``message`` as one frame with no descriptors, ready for ``sendall``."""
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(_MAGIC, 0, len(payload)) + payload
 
 
 def send(sock: socket.socket, message: Any, fds: list[int] | tuple[int, ...] = ()) -> None:
@@ -45,24 +53,34 @@ def send(sock: socket.socket, message: Any, fds: list[int] | tuple[int, ...] = (
         sock.sendall(header + payload)
 
 
-def _recv_exactly(sock: socket.socket, n: int, fds: list[int]) -> bytes:
-    chunks = []
-    while n:
-        data, ancillary, _, _ = sock.recvmsg(n, socket.CMSG_SPACE(MAX_FDS * 4))
-        _take_fds(ancillary, fds)
-        if not data:
-            raise Closed
-        chunks.append(data)
-        n -= len(data)
-    return b"".join(chunks)
+class Inbox:
+    """The worker's blocking reads: one ``recvmsg`` takes in whatever has arrived -- often
+    several steps' messages at once -- and :meth:`recv` hands them out one by one."""
 
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.fds: list[int] = []
+        self.chunk = bytearray(1 << 16)
 
-def recv(sock: socket.socket) -> tuple[Any, list[int]]:
-    """The next frame's message and descriptors (blocking); :class:`Closed` at end of file."""
-    fds: list[int] = []
-    count, length = _header(_recv_exactly(sock, _HEADER.size, fds))
-    payload = _recv_exactly(sock, length, fds)
-    return pickle.loads(payload), fds
+    def recv(self) -> tuple[Any, list[int]]:
+        """The next frame's message and descriptors (blocking); :class:`Closed` at end of
+        file."""
+        while True:
+            if len(self.buf) >= _HEADER.size:
+                count, length = _header(self.buf)
+                end = _HEADER.size + length
+                if len(self.buf) >= end and len(self.fds) >= count:
+                    message = pickle.loads(memoryview(self.buf)[_HEADER.size:end])
+                    del self.buf[:end]
+                    fds, self.fds = self.fds[:count], self.fds[count:]
+                    return message, fds
+            n, ancillary, _, _ = self.sock.recvmsg_into([self.chunk],
+                                                        socket.CMSG_SPACE(MAX_FDS * 4))
+            _take_fds(ancillary, self.fds)
+            if not n:
+                raise Closed
+            self.buf += memoryview(self.chunk)[:n]
 
 
 def _header(data: bytes | bytearray) -> tuple[int, int]:
@@ -82,52 +100,79 @@ def _take_fds(ancillary: list[tuple[int, int, bytes]], into: list[int]) -> None:
 
 
 class Reader:
-    """Non-blocking reads of frames from ``sock``: :meth:`poll` returns the frames that are
-    complete, each as ``(message, fds)``."""
+    """Frames from ``sock`` as they arrive, read by the consumer between its own steps.
+
+    The consumer reads on its own thread, where a signal handler (Ctrl-C) may raise at any call
+    or backward jump, so nothing read may sit only in a local variable: :meth:`fill` stores what
+    ``recvmsg`` returns inside one C call (``list.extend`` over an iterator made of C callables
+    only -- ``islice`` of ``iter(recvmsg, None)`` -- which runs no Python code), and a frame
+    is consumed by two statements that call nothing (see :meth:`frame`). A frame interrupted
+    half way through its handling is simply handled again.
+    """
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock  # stays blocking for sends; reads here do not wait
+        self.received: list[tuple[bytes, Any, int, Any]] = []  # as recvmsg returned them
         self.buf = bytearray()
         self.fds: list[int] = []
-        self.chunk = bytearray(1 << 16)  # reused: a fresh buffer per read would cost more
+        self.eof = False
+        self._recv = functools.partial(sock.recvmsg, 1 << 16, socket.CMSG_SPACE(MAX_FDS * 4),
+                                       socket.MSG_DONTWAIT)
 
-    def poll(self) -> list[tuple[Any, list[int]]]:
-        """Reads what is there; :class:`Closed` once the other end closed and every complete
-        frame was returned."""
-        eof = False
-        chunk = self.chunk
-        while True:
-            try:
-                n, ancillary, _, _ = self.sock.recvmsg_into(
-                    [chunk], socket.CMSG_SPACE(MAX_FDS * 4), socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                eof = True
-                break
-            _take_fds(ancillary, self.fds)
-            if not n:
-                eof = True
-                break
-            self.buf += memoryview(chunk)[:n]
-            if n < len(chunk):  # drained (most likely): no second call just to hear EAGAIN
-                break
-        frames = []
-        while len(self.buf) >= _HEADER.size:
-            count, length = _header(self.buf)
-            end = _HEADER.size + length
-            if len(self.buf) < end or len(self.fds) < count:
-                break
-            message = pickle.loads(memoryview(self.buf)[_HEADER.size:end])
-            del self.buf[:end]
-            fds, self.fds = self.fds[:count], self.fds[count:]
-            frames.append((message, fds))
-        if eof and not frames:
-            raise Closed
-        return frames
+    def fill(self) -> None:
+        """Reads what the socket holds now, without waiting."""
+        try:
+            # One read (a reply is far smaller than its 64 KiB; poll reports the rest).
+            self.received.extend(itertools.islice(iter(self._recv, None), 1))
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self.eof = True
+        self.settle()
+
+    def backlog(self) -> bool:
+        """Whether a frame was read but not handled (an interrupt came in between): the socket
+        no longer reports it, so the consumer must look here before it waits."""
+        if self.received:
+            return True
+        if len(self.buf) < _HEADER.size:
+            return False
+        count, length = _header(self.buf)
+        return len(self.buf) >= _HEADER.size + length and len(self.fds) >= count
+
+    def settle(self) -> None:
+        """Moves what was read into the buffer of frames."""
+        while self.received:
+            data, ancillary, _, _ = self.received[0]
+            if not data:
+                self.eof = True
+            fds: list[int] = []
+            _take_fds(ancillary, fds)
+            # Moved to the buffer with no call in between (a signal handler cannot run there).
+            self.buf += data
+            self.fds += fds
+            del self.received[0]
+
+    def frame(self) -> tuple[Any, list[int], int] | None:
+        """The first complete frame as ``(message, fds, end)``, still in the buffer: the caller
+        consumes it with ``del reader.buf[:end]; del reader.fds[:len(fds)]`` in its own
+        frame, right after recording what it did with the frame (a method call would be a
+        place for an interrupt to land between the two)."""
+        if len(self.buf) < _HEADER.size:
+            return None
+        count, length = _header(self.buf)
+        end = _HEADER.size + length
+        if len(self.buf) < end or len(self.fds) < count:
+            return None
+        return pickle.loads(self.buf[_HEADER.size:end]), self.fds[:count], end
 
     def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+        while self.fds:
+            os.close(self.fds.pop())
+        for _, ancillary, _, _ in self.received:
+            fds: list[int] = []
+            _take_fds(ancillary, fds)
+            for fd in fds:
+                os.close(fd)
+        self.received = []
         self.sock.close()

@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from loaderx.workers.arena import Arena, BatchMemory, Segment
+from loaderx.workers.dtypes import dtype_of, dtype_spec
 from loaderx.workers.mapping import Mapping
 
-__all__ = ["Flat", "Loan", "Opaque", "Ref", "decode", "encode"]
+__all__ = ["Flat", "Loan", "Opaque", "Ref", "decode", "decode_flat", "encode"]
 
 
 class Ref:
@@ -39,10 +40,7 @@ class Ref:
                  strides: tuple[int, ...], dtype: np.dtype[Any] | str, torch: bool) -> None:
         self.segment, self.offset, self.shape = segment, offset, shape
         self.strides, self.torch = strides, torch
-        if isinstance(dtype, np.dtype) and dtype.fields is None and dtype.metadata is None \
-                and _dtype(dtype.str) == dtype:
-            dtype = dtype.str
-        self.dtype = dtype
+        self.dtype = dtype_spec(dtype) if isinstance(dtype, np.dtype) else dtype
 
     def fields(self) -> tuple[Any, ...]:
         """Its fields in the order of the constructor's arguments."""
@@ -66,19 +64,6 @@ class Opaque:
 
 #: Leaves that hold no array: passed over at once (a transform may return long lists of them).
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
-
-#: Dtypes by their strings, on both sides.
-_DTYPES: dict[str, np.dtype[Any]] = {}
-
-
-def _dtype(spec: np.dtype[Any] | str) -> np.dtype[Any]:
-    if isinstance(spec, str):
-        dtype = _DTYPES.get(spec)
-        if dtype is None:
-            dtype = _DTYPES[spec] = np.dtype(spec)
-        return dtype
-    return spec
-
 
 def _span(a: np.ndarray) -> tuple[int, int, int]:
     """The address of ``a``'s first element, and the lowest and one past the highest byte
@@ -166,12 +151,18 @@ class _Encoder:
         return ref
 
 
-def _flat_in(out: dict[Any, Any], encoder: _Encoder) -> list[tuple[Any, ...]] | None:
+def _flat_in(out: dict[Any, Any], encoder: _Encoder,
+             known: dict[int, tuple[np.ndarray, tuple[Any, ...]]]) -> list[tuple[Any, ...]] | None:
     """The :meth:`Ref.fields` of a dict of plain NumPy arrays that all lie in the batch's own
     segment -- what the gather wrote, the identity or an in-place transform: most batches --
-    or None for anything else, which the full walk then handles."""
+    or None for anything else, which the full walk then handles. The arrays the gather made
+    themselves are looked up in ``known`` (see :class:`BatchMemory`)."""
     refs = []
     for value in out.values():
+        mine = known.get(id(value))
+        if mine is not None and mine[0] is value:
+            refs.append(mine[1])
+            continue
         if type(value) is not np.ndarray or value.dtype.hasobject or value.size == 0:
             return None
         ref = encoder.in_own(value, False)
@@ -187,7 +178,7 @@ def encode(out: Any, memory: BatchMemory, arena: Arena) -> tuple[Any, list[Segme
     encoder = _Encoder(memory.segment)
     own = memory.segment
     if type(out) is dict and out and own is not None:
-        refs = _flat_in(out, encoder)
+        refs = _flat_in(out, encoder, memory.known)
         if refs is not None:  # the common case, without the walk
             arena.lend(own)
             return Flat(tuple(out), refs), [own]
@@ -216,7 +207,9 @@ def encode(out: Any, memory: BatchMemory, arena: Arena) -> tuple[Any, list[Segme
 
 
 class Flat:
-    """A dict of arrays only: its keys and, in order, where each array lies."""
+    """A dict of arrays only: its keys and, in order, where each array lies. The worker sends
+    the two as they are, in a reply of its own kind (plain tuples are what pickle writes and
+    reads fastest); :func:`decode_flat` rebuilds the dict."""
 
     __slots__ = ("keys", "refs")
 
@@ -229,16 +222,20 @@ class Flat:
 
 class Loan:
     """The consumer's hold on one batch's segments: when the last array of the batch goes,
-    ``give_back(idents)`` tells the worker they are free."""
+    ``give_back(idents)`` tells the worker they are free -- once the loan is ``armed``, which
+    the consumer does as it files the batch. A batch decoded but never filed (an interrupt
+    landed in between, and the reply will be decoded again) gives nothing back."""
 
-    __slots__ = ("_give_back", "_idents")
+    __slots__ = ("_give_back", "_idents", "armed")
 
     def __init__(self, give_back: Callable[[list[int]], None], idents: list[int]) -> None:
         self._give_back = give_back
         self._idents = idents
+        self.armed = False
 
     def __del__(self) -> None:
-        self._give_back(self._idents)
+        if self.armed:
+            self._give_back(self._idents)
 
 
 class _Lease:
@@ -263,14 +260,15 @@ def decode(skeleton: Any, maps: Maps, loan: Loan) -> Any:
     """The batch the skeleton describes, its arrays over the consumer's ``maps`` of the
     worker's segments."""
     if type(skeleton) is Flat:
-        return _decode_flat(skeleton, maps, loan)
+        return decode_flat(skeleton.keys, skeleton.refs, maps, loan)
     return _decode(skeleton, maps, loan, {})
 
 
-def _decode_flat(flat: Flat, maps: Maps, loan: Loan) -> dict[Any, Any]:
+def decode_flat(keys: tuple[Any, ...], refs: list[tuple[Any, ...]], maps: Maps,
+                loan: Loan) -> dict[Any, Any]:
+    """The dict of arrays a :class:`Flat` describes."""
     regions: dict[int, np.ndarray] = {}
-    return {key: _array(ref, maps, loan, regions)
-            for key, ref in zip(flat.keys, flat.refs, strict=True)}
+    return {key: _array(ref, maps, loan, regions) for key, ref in zip(keys, refs, strict=True)}
 
 
 def _array(ref: tuple[Any, ...], maps: Maps, loan: Loan, regions: dict[int, np.ndarray]) -> Any:
@@ -280,7 +278,7 @@ def _array(ref: tuple[Any, ...], maps: Maps, loan: Loan, regions: dict[int, np.n
     region = regions.get(segment)
     if region is None:
         region = regions[segment] = np.asarray(_Lease(loan, maps[segment]))
-    array = np.ndarray(shape, _dtype(dtype), buffer=region, offset=offset, strides=strides)
+    array = np.ndarray(shape, dtype_of(dtype), buffer=region, offset=offset, strides=strides)
     if torch:
         import torch as module
 

@@ -1,18 +1,25 @@
 """The consumer's side of the worker processes: which worker builds which step, batches back in
 step order, errors and deaths reported, everything stopped and reaped.
 
-All talk with the workers happens on one thread of the consumer's process, the *I/O thread*
-(``loaderx-process-io``), never on the consumer's: a signal handler (Ctrl-C) runs only on the
-main thread, at any bytecode, and a frame half read or half written when it raised would
-corrupt the stream for good. The consumer only waits on a condition for its step, as the
-thread loader does, and gives a consumed step back if an interrupt lands after it took it.
+There is no thread of the loader's own in the consumer's process: the consumer hands out steps
+as it takes its own (:meth:`ProcessPipeline._moved`), and reads the workers' replies while it
+waits for its step (:meth:`ProcessPipeline._wait`), in one ``poll`` on every worker's socket,
+every worker's process sentinel -- a worker that dies is an error naming it and its step, never
+a hang -- and a pipe through which ``close()`` and ``seek()`` from other threads wake it. A
+thread in between would cost each batch two thread hand-offs, which on a machine whose cores
+the workers keep busy is a fifth of the throughput.
 
-The I/O thread keeps up to ``prefetch + workers`` steps of the consumer's position handed
-out, each to the worker with the fewest outstanding steps (at most a fair share of the window
-each, so a ``seek`` never queues more than one window of steps no longer wanted). It waits in
-one ``poll`` on every worker's socket, every worker's process sentinel -- a worker that dies is
-an error naming it and its step, never a hang -- and a pipe through which the consumer wakes it
-(a step taken, a seek, close()).
+Reading on the consumer's thread means reading where a signal handler (Ctrl-C) may raise, at
+any call or backward jump. So every change of state made for a reply or a step handed out is
+*committed* by statements that call nothing, after everything that may be interrupted was
+done, and what was done before the commit is redone -- harmlessly -- if it never came:
+:class:`loaderx.workers.channel.Reader` keeps every byte read until its frame is committed, a
+batch's :class:`Loan` gives nothing back until it is armed at the commit, descriptors are
+closed only after it, and a step's message records that it went out before the send
+(``_Worker.outbox``), so that an interrupt after the send does not send it twice.
+
+Several threads may consume one loader: one of them reads at a time (``pumper``), the others
+wait on the condition.
 
 A reply's arrays are wrapped in place over the consumer's mapping of the worker's segments
 (:mod:`loaderx.workers.layout`); the segments go back to the worker, riding on its next step,
@@ -22,7 +29,6 @@ their segments given straight back.
 
 from __future__ import annotations
 
-import collections
 import multiprocessing
 import os
 import pickle
@@ -38,9 +44,8 @@ from loaderx._batch import Failure
 from loaderx._window import Window
 from loaderx.errors import RemoteTraceback, WorkerError
 from loaderx.workers import channel, start, worker
-from loaderx.workers.layout import Loan, Maps, decode
+from loaderx.workers.layout import Loan, Maps, decode, decode_flat
 from loaderx.workers.mapping import Mapping
-from loaderx.workers.start import IO_THREAD
 
 __all__ = ["ProcessPipeline"]
 
@@ -56,22 +61,29 @@ class _Worker:
         self.process = process
         self.sock = sock
         self.reader = channel.Reader(sock)
-        self.pending: collections.deque[tuple[int, int]] = collections.deque()
+        # (generation, step) of the steps it was sent and has not answered, oldest first.
+        self.pending: list[tuple[int, int]] = []
         # Segments whose batches the consumer dropped (appended by Loan.__del__, from any
-        # thread: deque appends are atomic), sent back with the next step.
-        self.returned: collections.deque[int] = collections.deque()
+        # thread: list appends are atomic), sent back with the next step.
+        self.returned: list[int] = []
+        # (generation, step, segments given back) of a step sent but not yet recorded: set
+        # just before the send, so that an interrupt right after it is recorded, not resent.
+        self.outbox: tuple[int, int, int] | None = None
         self.maps: Maps = {}
         self.replied = False  # whether it sent anything: a death before that is at its start
         self.dead: BaseException | None = None  # the error its death is reported as
 
     def give_back(self, idents: list[int]) -> None:
-        self.returned.extend(idents)
+        self.returned += idents
 
-    def take_returned(self) -> list[int]:
-        out = []
-        while self.returned:
-            out.append(self.returned.popleft())
-        return out
+    def settle(self) -> None:
+        """Records the step of an interrupted send as sent (this calls nothing, so it cannot
+        be interrupted half way)."""
+        if self.outbox is not None:
+            generation, step, returned = self.outbox
+            self.pending += [(generation, step)]
+            del self.returned[:returned]
+            self.outbox = None
 
 
 class ProcessPipeline(Window):
@@ -94,9 +106,11 @@ class ProcessPipeline(Window):
         self.requested = start_method
         self.start_method: str | None = None
         self.readahead = readahead
-        self.io: threading.Thread | None = None
+        self.started = False
         self.fatal: BaseException | None = None  # raised to the consumer: nothing can be built
         self.workers: list[_Worker] = []
+        # The thread reading the workers' replies now (None: nobody).
+        self.pumper: int | None = None
         self.wake_read, self.wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # Every worker's socket and process sentinel, and the wake-up pipe.
         self.poller = select.poll()
@@ -117,19 +131,49 @@ class ProcessPipeline(Window):
             raise
 
     def _started(self) -> bool:
-        return self.io is not None
+        return self.started
 
     def _check(self) -> None:
         if self.fatal is not None:
             raise self.fatal
 
     def _moved(self) -> None:
-        self._wake()  # the I/O thread hands out the steps the move brought into the window
+        """The position moved (a step taken, a seek): the steps it brought into the window go
+        out now."""
+        self._top_up()
+
+    def _wait(self) -> None:
+        """Reads the workers' replies until something arrived (with the lock released while
+        it waits in ``poll``); another consumer thread's reading is waited for instead."""
+        if self.pumper is not None:
+            # Another thread reads; it notifies when it filed something or stopped reading. A
+            # bound on the wait, in case an interrupt ended its reading before it could.
+            self.cond.wait(0.05)
+            return
+        self._top_up()
+        backlog = [w for w in self.workers if w.dead is None and w.reader.backlog()]
+        if backlog:  # replies read but not filed when an interrupt came: no poll reports them
+            for w in backlog:
+                self._receive(w, read=False)
+            return
+        self.pumper = threading.get_ident()
+        try:
+            try:
+                self.cond.release()
+                events = self.poller.poll()
+            finally:
+                self.cond.acquire()
+            if not self.closed:
+                self._take_in({fd for fd, _ in events})
+        finally:
+            self.pumper = None
+            if self.cond._is_owned():  # type: ignore[attr-defined]  # see Window._recover
+                self.cond.notify_all()
 
     def _wake(self) -> None:
         try:
             os.write(self.wake_write, b"x")
-        except OSError:  # full (the thread has wake-ups to read already) or closed
+        except OSError:  # full (the reader has wake-ups to read already) or closed
             pass
 
     def _start(self) -> None:
@@ -160,41 +204,22 @@ class ProcessPipeline(Window):
                 self.poller.register(mine.fileno(), select.POLLIN)
                 self.poller.register(process.sentinel, select.POLLIN)
         except BaseException:
-            self._shutdown()
+            # The loader stays as it was, not started: an interrupt here (Ctrl-C while the
+            # workers start) must not close it, and the next call starts them again.
+            self._reap()
             raise
         self.start_method = method
-        self.io = threading.Thread(target=self._serve, name=IO_THREAD, daemon=True)
-        self.io.start()
+        self.started = True
 
-    # -- the I/O thread ------------------------------------------------------------------------
-
-    def _serve(self) -> None:
-        """The I/O thread: hands out steps, takes in replies, reports deaths, until closed."""
-        try:
-            while True:
-                with self.cond:
-                    if self.closed or self.fatal is not None:
-                        return
-                    self._top_up()
-                ready = {fd for fd, _ in self.poller.poll()}
-                with self.cond:
-                    if self.closed:
-                        return
-                    if self.wake_read in ready:
-                        _drain(self.wake_read)
-                    self._take_in(ready)
-                    # Only what a consumer waits for (take()): its step, or the end. A wake-up
-                    # for anything else costs it a thread switch for nothing.
-                    if self.next_step in self.ready or self.fatal is not None:
-                        self.cond.notify_all()
-        except BaseException as e:  # a bug here must not leave the consumer waiting forever
-            with self.cond:
-                if self.fatal is None:
-                    self.fatal = e
-                self.cond.notify_all()
+    # -- handing out steps ---------------------------------------------------------------------
 
     def _top_up(self) -> None:
-        """Hands out steps until the window of the consumer's position is covered."""
+        """Hands out steps until the window of the consumer's position is covered. Called
+        with the lock held."""
+        if not self.started or self.closed:
+            return
+        for w in self.workers:
+            w.settle()
         while (self.claim < self.next_step + self.window
                and (self.steps is None or self.claim < self.steps)):
             live = [w for w in self.workers if w.dead is None]
@@ -203,21 +228,34 @@ class ProcessPipeline(Window):
             w = min(live, key=lambda w: len(w.pending))
             if len(w.pending) >= self.share:
                 return  # each worker has its share (stale steps of a seek count too)
-            step = self.claim
+            step, generation = self.claim, self.generation
             ahead = self.steps_ahead(step, self.readahead)
-            message = ("task", self.generation, step, ahead.start, ahead.stop,
-                       w.take_returned())
+            returned = w.returned[:]
+            frame = channel.frame_bytes(("task", generation, step, ahead.start, ahead.stop,
+                                         returned))
+            sent = (generation, step, len(returned))
+            # Recorded as sent before the send, with no call in between, so that an interrupt
+            # after it does not send it again (w.settle() completes the record); undone if the
+            # send fails.
+            self.claim = step + 1
+            w.outbox = sent
             try:
-                channel.send(w.sock, message)
+                w.sock.sendall(frame)
             except OSError:
+                w.outbox = None
+                if self.claim == step + 1 and self.generation == generation:
+                    self.claim = step  # another worker builds it
                 w.process.join(_JOIN_SECONDS)  # its end closed: it is exiting
                 self._died(w)
                 continue
-            w.pending.append((self.generation, step))
-            self.claim += 1
+            w.settle()
+
+    # -- replies -------------------------------------------------------------------------------
 
     def _take_in(self, ready: set[int]) -> None:
         """Files what the workers whose sockets or sentinels are in ``ready`` sent."""
+        if self.wake_read in ready:
+            _drain(self.wake_read)
         for w in list(self.workers):
             if w.dead is not None:
                 continue
@@ -230,35 +268,64 @@ class ProcessPipeline(Window):
                 and self.next_step not in self.ready and self.fatal is None:
             self.fatal = next(w.dead for w in self.workers if w.dead is not None)
 
-    def _receive(self, w: _Worker) -> None:
-        try:
-            frames = w.reader.poll()
-        except channel.Closed:
-            return  # the worker went away: its sentinel reports it
-        for message, fds in frames:
+    def _receive(self, w: _Worker, read: bool = True) -> None:
+        reader = w.reader
+        if read:
+            reader.fill()
+        else:
+            reader.settle()
+        while True:
+            frame = reader.frame()
+            if frame is None:
+                return
+            message, fds, end = frame
             w.replied = True
-            if message[0] == "batch":
-                self._batch(w, message, fds)
+            if message[0] != "error":
+                self._batch(w, message, fds, end)
             else:
-                self._error(w, message)
+                self._error(w, message, end)
 
-    def _batch(self, w: _Worker, message: tuple[Any, ...], fds: list[int]) -> None:
-        _, generation, step, skeleton, lent, fresh, retired = message
+    def _wanted(self, w: _Worker, generation: int, step: int) -> tuple[bool, bool]:
+        """Whether the reply for ``step`` is one to file, and whether it answers the oldest
+        step ``w`` was sent (a reply handled once already, then interrupted, does not)."""
+        answers = bool(w.pending) and w.pending[0] == (generation, step)
+        wanted = (answers and generation == self.generation and not self.closed
+                  and step >= self.next_step and step not in self.ready)
+        return wanted, answers
+
+    def _batch(self, w: _Worker, message: tuple[Any, ...], fds: list[int], end: int) -> None:
+        if message[0] == "flat":
+            _, generation, step, keys, refs, lent, fresh, retired = message
+        else:
+            _, generation, step, skeleton, lent, fresh, retired = message
+        # Redone in full if an interrupt lands before the commit below.
         for (ident, size), fd in zip(fresh, fds, strict=True):
-            try:
-                w.maps[ident] = Mapping(fd, size)  # keeps no descriptor
-            finally:
-                os.close(fd)
+            w.maps[ident] = Mapping(fd, size)  # keeps no descriptor
         for ident in retired:
             w.maps.pop(ident, None)  # arrays over it keep the mapping until they go
-        if w.pending:
-            w.pending.popleft()
-        if generation == self.generation and not self.closed:
-            self.ready[step] = decode(skeleton, w.maps, Loan(w.give_back, lent))
+        wanted, answers = self._wanted(w, generation, step)
+        loan = Loan(w.give_back, lent)
+        batch = None
+        if wanted:
+            batch = (decode_flat(keys, refs, w.maps, loan) if message[0] == "flat"
+                     else decode(skeleton, w.maps, loan))
+        reader, count = w.reader, len(fds)
+        # The commit: nothing from here to the end of it calls anything.
+        if wanted:
+            loan.armed = True
+            self.ready[step] = batch
         else:
-            w.give_back(lent)
+            w.returned += lent
+        if answers:
+            del w.pending[0]
+        del reader.buf[:end]
+        del reader.fds[:count]
+        # Committed: the descriptors are this function's alone now (each popped before it is
+        # closed: an interrupt may leak one, never close one twice).
+        while fds:
+            os.close(fds.pop())
 
-    def _error(self, w: _Worker, message: tuple[Any, ...]) -> None:
+    def _error(self, w: _Worker, message: tuple[Any, ...], end: int) -> None:
         _, generation, step, pickled, kind, text, trace = message
         error: BaseException | None = None
         if pickled is not None:
@@ -272,13 +339,18 @@ class ProcessPipeline(Window):
                 f"{'while starting' if step < 0 else f'at step {step}'}; the exception could "
                 "not be sent to this process (it does not pickle), its traceback is the cause")
         error.__cause__ = RemoteTraceback(trace)
+        failure = Failure(error)
+        wanted, answers = self._wanted(w, generation, step)
+        reader = w.reader
+        # The commit, calling nothing.
         if step < 0:  # the worker could not start: nothing can be built
-            self.fatal = error
-            return
-        if w.pending:
-            w.pending.popleft()
-        if generation == self.generation and not self.closed:
-            self.ready[step] = Failure(error)
+            if self.fatal is None:
+                self.fatal = error
+        elif wanted:
+            self.ready[step] = failure
+        if answers:
+            del w.pending[0]
+        del reader.buf[:end]
 
     def _died(self, w: _Worker) -> None:
         """Worker ``w`` is gone while the loader runs: its error is filed at the step it held
@@ -307,18 +379,23 @@ class ProcessPipeline(Window):
                 "workers or a smaller prefetch_size use less memory)" if code == -9 else "")
         error = WorkerError(f"loader worker {w.index} (pid {w.process.pid}) {how} {where}"
                             f"{hint}; the DataLoader is closed")
-        w.dead = error
+        failure = Failure(error)
+        at = current[0] if current and w.replied else -1
+        # The commit, calling nothing: the death is filed at most once.
+        if w.dead is None:
+            w.dead = error
+            if at >= 0:
+                # Delivered at its step, after the steps before it (other workers build
+                # those), as a transform's exception would be.
+                if at not in self.ready:
+                    self.ready[at] = failure
+            elif self.fatal is None:
+                self.fatal = error
         for fd in (w.sock.fileno(), w.process.sentinel):
             try:
                 self.poller.unregister(fd)
-            except KeyError:
+            except (KeyError, ValueError):
                 pass
-        if current and w.replied:
-            # Delivered at its step, after the steps before it (other workers build those),
-            # as a transform's exception would be.
-            self.ready.setdefault(current[0], Failure(error))
-        elif self.fatal is None:
-            self.fatal = error
 
     # -- shutdown ------------------------------------------------------------------------------
 
@@ -337,20 +414,43 @@ class ProcessPipeline(Window):
             self.ready.clear()
             self._wake()
             self.cond.notify_all()
-        io = self.io
-        if io is not None and io is not threading.current_thread():
-            io.join(_JOIN_SECONDS)
+            # Another thread reading the replies (the pipe woke it) leaves before the
+            # descriptors it polls are closed. This thread, if close() came from a signal
+            # handler or a finalizer inside its own reading, touches none of them again: the
+            # reading files nothing once the loader is closed, and a poll of closed
+            # descriptors returns at once.
+            deadline = time.monotonic() + _JOIN_SECONDS
+            while self.pumper is not None and self.pumper != threading.get_ident() \
+                    and time.monotonic() < deadline:
+                self.cond.wait(0.05)
         self._shutdown()
 
     def _shutdown(self) -> None:
-        """Closes the sockets (each worker then leaves), reaps the workers, kills those that
-        do not leave within the deadline. Only the process that started them does this."""
+        """Ends the workers (see :meth:`_reap`) and closes the wake-up pipe. Only the process
+        that started them does this."""
         self.closed = True
         self.ready.clear()
-        workers, self.workers = self.workers, []
-        if self.pid != os.getpid() or not workers:
+        if self.pid != os.getpid():
+            self.workers = []
             return
+        self._reap()
+        for fd in (self.wake_read, self.wake_write):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.wake_read = self.wake_write = -1
+
+    def _reap(self) -> None:
+        """Closes the workers' sockets (each worker then leaves), reaps them, kills those that
+        do not leave within the deadline."""
+        workers, self.workers = self.workers, []
         for w in workers:
+            for fd in (w.sock.fileno(), w.process.sentinel):
+                try:
+                    self.poller.unregister(fd)
+                except (KeyError, ValueError):
+                    pass
             w.reader.close()
         deadline = time.monotonic() + _JOIN_SECONDS
         for w in workers:
@@ -360,12 +460,6 @@ class ProcessPipeline(Window):
                 w.process.kill()
                 w.process.join()
             w.process.close()
-        for fd in (self.wake_read, self.wake_write):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.wake_read = self.wake_write = -1
 
 
 def _drain(fd: int) -> None:

@@ -5,7 +5,9 @@ Messages from the consumer: ``("task", generation, step, ahead_start, ahead_stop
 -- build ``step``, start the reads of steps ``ahead_start:ahead_stop`` when the streams go to
 the disk, and take back the segments ``returned`` (the consumer dropped their batches).
 Replies: ``("batch", generation, step, skeleton, lent, fresh, retired)`` with the new
-segments' descriptors, or ``("error", generation, step, pickled, kind, message, traceback)``.
+segments' descriptors -- ``("flat", generation, step, keys, refs, lent, fresh, retired)`` for
+a dict of arrays, the common case, in plain tuples -- or
+``("error", generation, step, pickled, kind, message, traceback)``.
 The worker ends when the consumer's end of the socket closes -- on ``close()``, and when the
 consumer dies, however it dies.
 """
@@ -27,7 +29,7 @@ from loaderx._batch import Builder
 from loaderx.errors import LoaderxTypeError
 from loaderx.workers import channel
 from loaderx.workers.arena import Arena, BatchMemory
-from loaderx.workers.layout import encode
+from loaderx.workers.layout import Flat, encode
 
 __all__ = ["main"]
 
@@ -66,10 +68,11 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int]) -> N
             sock.close()
         return
     arena = Arena(keep)
+    inbox = channel.Inbox(sock)
     try:
         while True:
             try:
-                message, _ = channel.recv(sock)
+                message, _ = inbox.recv()
             except (channel.Closed, OSError):
                 return
             _, generation, step, ahead_start, ahead_stop, returned = message
@@ -114,7 +117,11 @@ def _build(builder: Builder, arena: Arena, generation: int,
             arena.give(memory.segment)
         return _failure(generation, step, e), []
     fresh, fds, retired = arena.handed_over()
-    return ("batch", generation, step, skeleton, [s.ident for s in lent], fresh, retired), fds
+    idents = [s.ident for s in lent]
+    if type(skeleton) is Flat:
+        return ("flat", generation, step, skeleton.keys, skeleton.refs, idents, fresh,
+                retired), fds
+    return ("batch", generation, step, skeleton, idents, fresh, retired), fds
 
 
 def _failure(generation: int, step: int, error: BaseException) -> tuple[Any, ...]:
