@@ -2,10 +2,11 @@
 
 Workers file finished batches under their step in ``ready`` -- the thread workers themselves,
 the worker processes through the consumer, which reads their replies while it waits -- and the
-consumer waits for the step it is at, takes it, and moves on. Taking a step must survive an interrupt: Python runs a signal handler (Ctrl-C) after
-any call or at a backward jump, so a KeyboardInterrupt can land while the lock is taken or
-released. :meth:`Window.take` then gives the step back (and the lock, if the interrupt left it
-held), so the next call returns the step and ``state_dict()`` still points at it.
+consumer waits for the step it is at, takes it, and moves on. Taking a step must survive an
+interrupt: Python runs a signal handler (Ctrl-C) after any call or at a backward jump, so a
+KeyboardInterrupt can land while the lock is taken or released. :meth:`Window.take` then gives
+the step back (and the lock, if the interrupt left it held), so the next call returns the step
+and ``state_dict()`` still points at it.
 """
 
 from __future__ import annotations

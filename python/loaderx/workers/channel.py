@@ -116,14 +116,16 @@ class Reader:
         self.buf = bytearray()
         self.fds: list[int] = []
         self.eof = False
-        self._recv = functools.partial(sock.recvmsg, 1 << 16, socket.CMSG_SPACE(MAX_FDS * 4),
-                                       socket.MSG_DONTWAIT)
+        # An endless iterator of reads (one that raises stays usable).
+        self._reads = iter(functools.partial(sock.recvmsg, 1 << 16,
+                                             socket.CMSG_SPACE(MAX_FDS * 4),
+                                             socket.MSG_DONTWAIT), None)
 
     def fill(self) -> None:
         """Reads what the socket holds now, without waiting."""
         try:
             # One read (a reply is far smaller than its 64 KiB; poll reports the rest).
-            self.received.extend(itertools.islice(iter(self._recv, None), 1))
+            self.received.extend(itertools.islice(self._reads, 1))
         except (BlockingIOError, InterruptedError):
             pass
         except OSError:

@@ -9,15 +9,14 @@ copied once, in the worker, into a second segment of the same batch. Everything 
 strings, numbers, object arrays, other containers -- is pickled with the skeleton.
 
 The consumer rebuilds each array over a lease that keeps the batch's :class:`Loan` alive, as
-:mod:`loaderx._recycle` does for the thread loader: every view keeps its lease, so the loan --
-and with it the segments -- returns to the worker only when no array of the batch can be seen
+:mod:`loaderx._recycle` does for the thread loader: every view keeps its lease, so the loan
+ends -- and the segments return to the worker -- only when no array of the batch can be seen
 any more.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -221,21 +220,12 @@ class Flat:
 
 
 class Loan:
-    """The consumer's hold on one batch's segments: when the last array of the batch goes,
-    ``give_back(idents)`` tells the worker they are free -- once the loan is ``armed``, which
-    the consumer does as it files the batch. A batch decoded but never filed (an interrupt
-    landed in between, and the reply will be decoded again) gives nothing back."""
+    """The consumer's hold on one batch's segments: every array of the batch keeps it alive
+    (through its lease). The consumer watches it with a weak reference whose callback is a C
+    callable -- a list's ``append`` -- so that its end runs no Python code: a ``__del__``
+    would be a place where Ctrl-C could land and be lost ("Exception ignored in ...")."""
 
-    __slots__ = ("_give_back", "_idents", "armed")
-
-    def __init__(self, give_back: Callable[[list[int]], None], idents: list[int]) -> None:
-        self._give_back = give_back
-        self._idents = idents
-        self.armed = False
-
-    def __del__(self) -> None:
-        if self.armed:
-            self._give_back(self._idents)
+    __slots__ = ("__weakref__",)
 
 
 class _Lease:
@@ -247,9 +237,7 @@ class _Lease:
     def __init__(self, loan: Loan, keep: Mapping) -> None:
         self._loan = loan
         self._keep = keep  # the segment's mapping, alive as long as this lease
-        self.__array_interface__: dict[str, Any] = {
-            "shape": (keep.size,), "typestr": "|u1", "data": (keep.address, False),
-            "version": 3}
+        self.__array_interface__: dict[str, Any] = keep.interface
 
 
 #: The consumer's map of one worker's segments: ident -> its mapping.

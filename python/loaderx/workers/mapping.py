@@ -32,7 +32,7 @@ class Mapping:
     """``size`` bytes of the file ``fd`` mapped read-write and shared; ``address`` is where.
     The caller may close ``fd`` right after."""
 
-    __slots__ = ("address", "size")
+    __slots__ = ("address", "interface", "size")
 
     def __init__(self, fd: int, size: int) -> None:
         self.size = size
@@ -44,6 +44,10 @@ class Mapping:
             raise InternalError(f"mapping a loader batch segment of {size} bytes failed: "
                                 f"{os.strerror(code)}")
         self.address = address
+        #: The mapping as NumPy's array interface (shared by every lease over it: NumPy only
+        #: reads it).
+        self.interface = {"shape": (size,), "typestr": "|u1", "data": (address, False),
+                          "version": 3}
 
     def __del__(self) -> None:
         if self.address:

@@ -14,7 +14,7 @@ any call or backward jump. So every change of state made for a reply or a step h
 *committed* by statements that call nothing, after everything that may be interrupted was
 done, and what was done before the commit is redone -- harmlessly -- if it never came:
 :class:`loaderx.workers.channel.Reader` keeps every byte read until its frame is committed, a
-batch's :class:`Loan` gives nothing back until it is armed at the commit, descriptors are
+batch's :class:`Loan` gives nothing back unless the commit filed it, descriptors are
 closed only after it, and a step's message records that it went out before the send
 (``_Worker.outbox``), so that an interrupt after the send does not send it twice.
 
@@ -38,6 +38,7 @@ import socket
 import threading
 import time
 import warnings
+import weakref
 from typing import Any
 
 from loaderx._batch import Failure
@@ -60,30 +61,49 @@ class _Worker:
         self.index = index
         self.process = process
         self.sock = sock
+        self.fd, self.sentinel = sock.fileno(), process.sentinel  # what poll reports
         self.reader = channel.Reader(sock)
         # (generation, step) of the steps it was sent and has not answered, oldest first.
         self.pending: list[tuple[int, int]] = []
-        # Segments whose batches the consumer dropped (appended by Loan.__del__, from any
-        # thread: list appends are atomic), sent back with the next step.
+        # Segments to send back with the next step: those of replies dropped unseen, and those
+        # of the loans in `loans` whose weak references are in `dropped` -- appended, by the
+        # references' callback, from whichever thread let go of the batch's last array.
         self.returned: list[int] = []
-        # (generation, step, segments given back) of a step sent but not yet recorded: set
-        # just before the send, so that an interrupt right after it is recorded, not resent.
-        self.outbox: tuple[int, int, int] | None = None
+        # By id of the weak reference (a dead one cannot be hashed), which the entry keeps.
+        self.loans: dict[int, tuple[weakref.ref[Loan], list[int]]] = {}
+        self.dropped: list[weakref.ref[Loan]] = []
+        # (generation, step, entries of `returned`, entries of `dropped`, those entries) of a
+        # step sent but not yet recorded: set just before the send, so that an interrupt right
+        # after it is recorded, not resent.
+        self.outbox: tuple[int, int, int, int, list[weakref.ref[Loan]]] | None = None
         self.maps: Maps = {}
         self.replied = False  # whether it sent anything: a death before that is at its start
         self.dead: BaseException | None = None  # the error its death is reported as
 
-    def give_back(self, idents: list[int]) -> None:
-        self.returned += idents
+    def given_back(self) -> tuple[list[int], int, list[weakref.ref[Loan]]]:
+        """What goes back with the next step: the segments, how many of them are in
+        ``returned``, and the ended loans the others come from."""
+        returned = self.returned[:]
+        direct = len(returned)
+        dropped = self.dropped[:]
+        for ref in dropped:
+            filed = self.loans.get(id(ref))  # a loan never filed (interrupted) has none
+            if filed is not None:
+                returned += filed[1]
+        return returned, direct, dropped
 
     def settle(self) -> None:
-        """Records the step of an interrupted send as sent (this calls nothing, so it cannot
-        be interrupted half way)."""
-        if self.outbox is not None:
-            generation, step, returned = self.outbox
-            self.pending += [(generation, step)]
-            del self.returned[:returned]
-            self.outbox = None
+        """Records the step sent last (after an interrupted send, on the next call) as sent.
+        The record calls nothing, so it cannot be interrupted half way."""
+        if self.outbox is None:
+            return
+        generation, step, returned, count, dropped = self.outbox
+        self.pending += [(generation, step)]
+        del self.returned[:returned]
+        del self.dropped[:count]
+        self.outbox = None
+        for ref in dropped:  # may be cut short by an interrupt: a few stale entries at worst
+            self.loans.pop(id(ref), None)
 
 
 class ProcessPipeline(Window):
@@ -109,8 +129,10 @@ class ProcessPipeline(Window):
         self.started = False
         self.fatal: BaseException | None = None  # raised to the consumer: nothing can be built
         self.workers: list[_Worker] = []
-        # The thread reading the workers' replies now (None: nobody).
+        # The thread reading the workers' replies now (None: nobody), and whether the last
+        # reading was cut short (by an interrupt, or an error raised to the consumer).
         self.pumper: int | None = None
+        self.interrupted = False
         self.wake_read, self.wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # Every worker's socket and process sentinel, and the wake-up pipe.
         self.poller = select.poll()
@@ -151,11 +173,15 @@ class ProcessPipeline(Window):
             self.cond.wait(0.05)
             return
         self._top_up()
-        backlog = [w for w in self.workers if w.dead is None and w.reader.backlog()]
-        if backlog:  # replies read but not filed when an interrupt came: no poll reports them
+        if self.interrupted:
+            # The last reading did not finish: replies it read but did not file are in the
+            # readers, and no poll reports them again.
+            backlog = [w for w in self.workers if w.dead is None and w.reader.backlog()]
             for w in backlog:
                 self._receive(w, read=False)
-            return
+            self.interrupted = False  # (only once all of it is filed)
+            if backlog:
+                return
         self.pumper = threading.get_ident()
         try:
             try:
@@ -164,11 +190,14 @@ class ProcessPipeline(Window):
             finally:
                 self.cond.acquire()
             if not self.closed:
+                self.interrupted = True
                 self._take_in({fd for fd, _ in events})
+                self.interrupted = False
         finally:
             self.pumper = None
-            if self.cond._is_owned():  # type: ignore[attr-defined]  # see Window._recover
-                self.cond.notify_all()
+            cond: Any = self.cond
+            if cond._is_owned() and cond._waiters:  # private, but in every 3.x
+                cond.notify_all()
 
     def _wake(self) -> None:
         try:
@@ -218,22 +247,27 @@ class ProcessPipeline(Window):
         with the lock held."""
         if not self.started or self.closed:
             return
-        for w in self.workers:
-            w.settle()
+        workers = self.workers
+        for w in workers:
+            if w.outbox is not None:
+                w.settle()
         while (self.claim < self.next_step + self.window
                and (self.steps is None or self.claim < self.steps)):
-            live = [w for w in self.workers if w.dead is None]
-            if not live:
+            w = None  # the live worker with the fewest outstanding steps
+            for candidate in workers:
+                if candidate.dead is None and (w is None
+                                               or len(candidate.pending) < len(w.pending)):
+                    w = candidate
+            if w is None:
                 return
-            w = min(live, key=lambda w: len(w.pending))
             if len(w.pending) >= self.share:
                 return  # each worker has its share (stale steps of a seek count too)
             step, generation = self.claim, self.generation
             ahead = self.steps_ahead(step, self.readahead)
-            returned = w.returned[:]
+            returned, direct, dropped = w.given_back()
             frame = channel.frame_bytes(("task", generation, step, ahead.start, ahead.stop,
                                          returned))
-            sent = (generation, step, len(returned))
+            sent = (generation, step, direct, len(dropped), dropped)
             # Recorded as sent before the send, with no call in between, so that an interrupt
             # after it does not send it again (w.settle() completes the record); undone if the
             # send fails.
@@ -256,15 +290,17 @@ class ProcessPipeline(Window):
         """Files what the workers whose sockets or sentinels are in ``ready`` sent."""
         if self.wake_read in ready:
             _drain(self.wake_read)
-        for w in list(self.workers):
+        died = False
+        for w in self.workers:
             if w.dead is not None:
                 continue
-            if w.sock.fileno() in ready:
+            if w.fd in ready:
                 self._receive(w)
-            if w.process.sentinel in ready:
+            if w.sentinel in ready:
                 self._receive(w)  # what it sent before it died still counts
                 self._died(w)
-        if self.workers and all(w.dead is not None for w in self.workers) \
+                died = True
+        if died and all(w.dead is not None for w in self.workers) \
                 and self.next_step not in self.ready and self.fatal is None:
             self.fatal = next(w.dead for w in self.workers if w.dead is not None)
 
@@ -274,7 +310,7 @@ class ProcessPipeline(Window):
             reader.fill()
         else:
             reader.settle()
-        while True:
+        while reader.buf:
             frame = reader.frame()
             if frame is None:
                 return
@@ -304,7 +340,9 @@ class ProcessPipeline(Window):
         for ident in retired:
             w.maps.pop(ident, None)  # arrays over it keep the mapping until they go
         wanted, answers = self._wanted(w, generation, step)
-        loan = Loan(w.give_back, lent)
+        loan = Loan()
+        watch = weakref.ref(loan, w.dropped.append)
+        key = id(watch)
         batch = None
         if wanted:
             batch = (decode_flat(keys, refs, w.maps, loan) if message[0] == "flat"
@@ -312,7 +350,7 @@ class ProcessPipeline(Window):
         reader, count = w.reader, len(fds)
         # The commit: nothing from here to the end of it calls anything.
         if wanted:
-            loan.armed = True
+            w.loans[key] = (watch, lent)
             self.ready[step] = batch
         else:
             w.returned += lent
@@ -391,7 +429,7 @@ class ProcessPipeline(Window):
                     self.ready[at] = failure
             elif self.fatal is None:
                 self.fatal = error
-        for fd in (w.sock.fileno(), w.process.sentinel):
+        for fd in (w.fd, w.sentinel):
             try:
                 self.poller.unregister(fd)
             except (KeyError, ValueError):
@@ -446,7 +484,7 @@ class ProcessPipeline(Window):
         do not leave within the deadline."""
         workers, self.workers = self.workers, []
         for w in workers:
-            for fd in (w.sock.fileno(), w.process.sentinel):
+            for fd in (w.fd, w.sentinel):
                 try:
                     self.poller.unregister(fd)
                 except (KeyError, ValueError):

@@ -28,12 +28,9 @@ from typing import Any
 
 from loaderx.errors import LoaderxTypeError, LoaderxValueError
 
-__all__ = ["IO_THREAD", "METHODS", "choose", "default_workers", "usable_cores"]
+__all__ = ["METHODS", "choose", "default_workers", "usable_cores"]
 
 METHODS = ("fork", "forkserver", "spawn")
-#: The name of the process loaders' I/O threads. They do not make forking unsafe: they hold no
-#: lock while they wait, and a forked child never uses its copy of a parent's loader.
-IO_THREAD = "loaderx-process-io"
 
 
 def usable_cores() -> int:
@@ -53,9 +50,9 @@ def default_workers(mode: str) -> int:
 
 
 def _other_python_threads() -> bool:
-    """Whether a Python thread other than this one and loaderx's I/O threads runs."""
+    """Whether a Python thread other than this one runs."""
     me = threading.current_thread()
-    return any(t is not me and t.name != IO_THREAD for t in threading.enumerate())
+    return any(t is not me for t in threading.enumerate())
 
 
 def _not_importable(transform: Any) -> bool:
