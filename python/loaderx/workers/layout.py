@@ -254,9 +254,23 @@ def decode(skeleton: Any, maps: Maps, loan: Loan) -> Any:
 
 def decode_flat(keys: tuple[Any, ...], refs: list[tuple[Any, ...]], maps: Maps,
                 loan: Loan) -> dict[Any, Any]:
-    """The dict of arrays a :class:`Flat` describes."""
+    """The dict of arrays a :class:`Flat` describes (the common case: the steps of
+    :func:`_array` in one loop)."""
+    out: dict[Any, Any] = {}
     regions: dict[int, np.ndarray] = {}
-    return {key: _array(ref, maps, loan, regions) for key, ref in zip(keys, refs, strict=True)}
+    for key, (segment, offset, shape, strides, dtype, torch) in zip(keys, refs, strict=True):
+        region = regions.get(segment)
+        if region is None:
+            region = regions[segment] = np.asarray(_Lease(loan, maps[segment]))
+        array = np.ndarray(shape, dtype_of(dtype), buffer=region, offset=offset,
+                           strides=strides)
+        if torch:
+            import torch as module
+
+            out[key] = module.from_numpy(array)
+        else:
+            out[key] = array
+    return out
 
 
 def _array(ref: tuple[Any, ...], maps: Maps, loan: Loan, regions: dict[int, np.ndarray]) -> Any:

@@ -52,6 +52,8 @@ __all__ = ["ProcessPipeline"]
 
 #: close() waits this long in all for the workers to leave on their own, then kills them.
 _JOIN_SECONDS = 1.0
+#: The steps to read ahead when readahead is off.
+_NOTHING = range(0)
 
 
 class _Worker:
@@ -86,8 +88,9 @@ class _Worker:
         returned = self.returned[:]
         direct = len(returned)
         dropped = self.dropped[:]
+        loans = self.loans
         for ref in dropped:
-            filed = self.loans.get(id(ref))  # a loan never filed (interrupted) has none
+            filed = loans.get(id(ref))  # a loan never filed (interrupted) has none
             if filed is not None:
                 returned += filed[1]
         return returned, direct, dropped
@@ -135,8 +138,8 @@ class ProcessPipeline(Window):
         self.interrupted = False
         self.wake_read, self.wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # Every worker's socket and process sentinel, and the wake-up pipe.
-        self.poller = select.poll()
-        self.poller.register(self.wake_read, select.POLLIN)
+        self.poller = select.epoll()  # registered once: cheaper per wait than poll()
+        self.poller.register(self.wake_read, select.EPOLLIN)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -195,6 +198,8 @@ class ProcessPipeline(Window):
                 self.interrupted = False
         finally:
             self.pumper = None
+            if self.closed and self.wake_read >= 0 and not self.workers:
+                self._close_waiting()  # close() ran inside this wait (see _shutdown)
             cond: Any = self.cond
             if cond._is_owned() and cond._waiters:  # private, but in every 3.x
                 cond.notify_all()
@@ -230,8 +235,8 @@ class ProcessPipeline(Window):
                 finally:
                     theirs.close()
                 self.workers.append(_Worker(index, process, mine))
-                self.poller.register(mine.fileno(), select.POLLIN)
-                self.poller.register(process.sentinel, select.POLLIN)
+                self.poller.register(mine.fileno(), select.EPOLLIN)
+                self.poller.register(process.sentinel, select.EPOLLIN)
         except BaseException:
             # The loader stays as it was, not started: an interrupt here (Ctrl-C while the
             # workers start) must not close it, and the next call starts them again.
@@ -251,6 +256,8 @@ class ProcessPipeline(Window):
         for w in workers:
             if w.outbox is not None:
                 w.settle()
+        if self.claim >= self.next_step + self.window:
+            return  # the common case: the window is covered
         while (self.claim < self.next_step + self.window
                and (self.steps is None or self.claim < self.steps)):
             w = None  # the live worker with the fewest outstanding steps
@@ -263,7 +270,7 @@ class ProcessPipeline(Window):
             if len(w.pending) >= self.share:
                 return  # each worker has its share (stale steps of a seek count too)
             step, generation = self.claim, self.generation
-            ahead = self.steps_ahead(step, self.readahead)
+            ahead = self.steps_ahead(step, self.readahead) if self.readahead else _NOTHING
             returned, direct, dropped = w.given_back()
             frame = channel.frame_bytes(("task", generation, step, ahead.start, ahead.stop,
                                          returned))
@@ -432,7 +439,7 @@ class ProcessPipeline(Window):
         for fd in (w.fd, w.sentinel):
             try:
                 self.poller.unregister(fd)
-            except (KeyError, ValueError):
+            except (OSError, ValueError):
                 pass
 
     # -- shutdown ------------------------------------------------------------------------------
@@ -472,12 +479,20 @@ class ProcessPipeline(Window):
             self.workers = []
             return
         self._reap()
+        if self.pumper is None:
+            self._close_waiting()
+        # else close() came from a signal handler or a finalizer inside this thread's own wait:
+        # the wait, which the wake-up pipe ends at once, closes them as it leaves.
+
+    def _close_waiting(self) -> None:
+        """Closes what the consumer waits on: the wake-up pipe and the epoll instance."""
         for fd in (self.wake_read, self.wake_write):
             try:
                 os.close(fd)
             except OSError:
                 pass
         self.wake_read = self.wake_write = -1
+        self.poller.close()
 
     def _reap(self) -> None:
         """Closes the workers' sockets (each worker then leaves), reaps them, kills those that
@@ -487,7 +502,7 @@ class ProcessPipeline(Window):
             for fd in (w.fd, w.sentinel):
                 try:
                     self.poller.unregister(fd)
-                except (KeyError, ValueError):
+                except (OSError, ValueError):
                     pass
             w.reader.close()
         deadline = time.monotonic() + _JOIN_SECONDS
