@@ -79,7 +79,20 @@ class Window:
     def _wait(self) -> None:
         """Waits, with the lock held, until something may have changed: by default until a
         worker notifies the condition."""
-        self.cond.wait()
+        self.sleep()
+
+    def sleep(self, timeout: float | None = None) -> None:
+        """``cond.wait(timeout)``, with the lock held again if an interrupt lands inside it:
+        ``Condition.wait`` is Python code, and an interrupt between its release of the lock
+        and its taking it back would make the caller's ``with`` fail to release it, raising
+        a RuntimeError in place of the KeyboardInterrupt."""
+        cond = self.cond
+        try:
+            cond.wait(timeout)
+        except BaseException:
+            if not cond._is_owned():  # type: ignore[attr-defined]  # see _recover
+                cond.acquire()
+            raise
 
     def stop(self) -> None:
         raise NotImplementedError

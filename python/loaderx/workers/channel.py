@@ -115,7 +115,11 @@ class Reader:
         self.received: list[tuple[bytes, Any, int, Any]] = []  # as recvmsg returned them
         self.buf = bytearray()
         self.fds: list[int] = []
+        # Descriptors of handled frames, owned here until closed: a frame's handler moves them
+        # in its commit, so that they are closed once, whether by it or by close().
+        self.closing: list[int] = []
         self.eof = False
+        self.closed = False
         # An endless iterator of reads (one that raises stays usable).
         self._reads = iter(functools.partial(sock.recvmsg, 1 << 16,
                                              socket.CMSG_SPACE(MAX_FDS * 4),
@@ -168,7 +172,15 @@ class Reader:
             return None
         return pickle.loads(self.buf[_HEADER.size:end]), self.fds[:count], end
 
+    def close_handled(self) -> None:
+        """Closes the descriptors of the frames handled (each popped before it is closed: an
+        interrupt may leak one, never close one twice)."""
+        while self.closing:
+            os.close(self.closing.pop())
+
     def close(self) -> None:
+        self.closed = True
+        self.close_handled()
         while self.fds:
             os.close(self.fds.pop())
         for _, ancillary, _, _ in self.received:

@@ -29,6 +29,9 @@ their segments given straight back.
 
 from __future__ import annotations
 
+import collections
+import functools
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -39,6 +42,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from loaderx._batch import Failure
@@ -54,6 +58,9 @@ __all__ = ["ProcessPipeline"]
 _JOIN_SECONDS = 1.0
 #: The steps to read ahead when readahead is off.
 _NOTHING = range(0)
+#: Runs an iterator to its end in C (no Python code runs, so no signal handler either).
+_exhaust: Callable[[Iterable[Any]], object] = functools.partial(collections.deque,
+                                                                maxlen=0)
 
 
 class _Worker:
@@ -101,12 +108,14 @@ class _Worker:
         if self.outbox is None:
             return
         generation, step, returned, count, dropped = self.outbox
+        # The loans given back are forgotten by the commit's one C call (a loop could be cut
+        # short by an interrupt, leaving stale entries behind).
+        forget = map(self.loans.pop, [id(ref) for ref in dropped], itertools.repeat(None))
         self.pending += [(generation, step)]
         del self.returned[:returned]
         del self.dropped[:count]
         self.outbox = None
-        for ref in dropped:  # may be cut short by an interrupt: a few stale entries at worst
-            self.loans.pop(id(ref), None)
+        _exhaust(forget)
 
 
 class ProcessPipeline(Window):
@@ -173,7 +182,7 @@ class ProcessPipeline(Window):
         if self.pumper is not None:
             # Another thread reads; it notifies when it filed something or stopped reading. A
             # bound on the wait, in case an interrupt ended its reading before it could.
-            self.cond.wait(0.05)
+            self.sleep(0.05)
             return
         self._top_up()
         if self.interrupted:
@@ -216,7 +225,9 @@ class ProcessPipeline(Window):
         if method == "forkserver":
             _preload_forkserver(context)
         forked = method == "fork"
-        parent_ends: list[int] = [self.wake_read, self.wake_write]
+        # What a forked worker closes of the consumer's: the pipe, the epoll instance (shared
+        # across fork) and the consumer's ends of the sockets made so far.
+        parent_ends: list[int] = [self.wake_read, self.wake_write, self.poller.fileno()]
         try:
             for index in range(self.count):
                 mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -253,20 +264,21 @@ class ProcessPipeline(Window):
         if not self.started or self.closed:
             return
         workers = self.workers
-        for w in workers:
-            if w.outbox is not None:
-                w.settle()
+        for each in workers:
+            if each.outbox is not None:
+                each.settle()
         if self.claim >= self.next_step + self.window:
             return  # the common case: the window is covered
         while (self.claim < self.next_step + self.window
                and (self.steps is None or self.claim < self.steps)):
-            w = None  # the live worker with the fewest outstanding steps
-            for candidate in workers:
-                if candidate.dead is None and (w is None
-                                               or len(candidate.pending) < len(w.pending)):
-                    w = candidate
-            if w is None:
+            fewest: _Worker | None = None  # the live worker with the fewest outstanding steps
+            for each in workers:
+                if each.dead is None and (fewest is None
+                                          or len(each.pending) < len(fewest.pending)):
+                    fewest = each
+            if fewest is None:
                 return
+            w = fewest
             if len(w.pending) >= self.share:
                 return  # each worker has its share (stale steps of a seek count too)
             step, generation = self.claim, self.generation
@@ -313,6 +325,8 @@ class ProcessPipeline(Window):
 
     def _receive(self, w: _Worker, read: bool = True) -> None:
         reader = w.reader
+        if reader.closing:  # left by an interrupt after a commit
+            reader.close_handled()
         if read:
             reader.fill()
         else:
@@ -356,6 +370,8 @@ class ProcessPipeline(Window):
                      else decode(skeleton, w.maps, loan))
         reader, count = w.reader, len(fds)
         # The commit: nothing from here to the end of it calls anything.
+        if reader.closed:
+            return  # close() ran in a signal handler meanwhile: it closed the descriptors
         if wanted:
             w.loans[key] = (watch, lent)
             self.ready[step] = batch
@@ -365,10 +381,9 @@ class ProcessPipeline(Window):
             del w.pending[0]
         del reader.buf[:end]
         del reader.fds[:count]
-        # Committed: the descriptors are this function's alone now (each popped before it is
-        # closed: an interrupt may leak one, never close one twice).
-        while fds:
-            os.close(fds.pop())
+        reader.closing += fds
+        # Committed.
+        reader.close_handled()
 
     def _error(self, w: _Worker, message: tuple[Any, ...], end: int) -> None:
         _, generation, step, pickled, kind, text, trace = message
@@ -460,14 +475,13 @@ class ProcessPipeline(Window):
             self._wake()
             self.cond.notify_all()
             # Another thread reading the replies (the pipe woke it) leaves before the
-            # descriptors it polls are closed. This thread, if close() came from a signal
-            # handler or a finalizer inside its own reading, touches none of them again: the
-            # reading files nothing once the loader is closed, and a poll of closed
-            # descriptors returns at once.
+            # descriptors it waits on are closed. If close() came from a signal handler inside
+            # this thread's own reading, that reading files nothing more, and the wake-up pipe
+            # (closed as it leaves) ends its wait at once.
             deadline = time.monotonic() + _JOIN_SECONDS
             while self.pumper is not None and self.pumper != threading.get_ident() \
                     and time.monotonic() < deadline:
-                self.cond.wait(0.05)
+                self.sleep(0.05)
         self._shutdown()
 
     def _shutdown(self) -> None:
