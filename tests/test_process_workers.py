@@ -746,6 +746,62 @@ def test_an_interrupted_next_loses_no_step_and_does_not_hang(root, mode, longest
     assert out["grown"] <= 0, out
 
 
+CLOSED_BY_A_HANDLER = """
+import json, os, random, signal, sys
+from loaderx import DataLoader, DenseDataset
+from loaderx.errors import LoaderClosedError
+
+root, mode, trials = sys.argv[1], sys.argv[2], int(sys.argv[3])
+streams = {"y": DenseDataset(os.path.join(root, "y"))}
+rng = random.Random(0)
+current = []
+def close_it(signum, frame):  # a SIGTERM handler that cleans up, landing anywhere in next()
+    if current:
+        current[0].close()
+signal.signal(signal.SIGALRM, close_it)
+outcomes, base, pids = {}, None, []
+for trial in range(trials):
+    if trial == 1:  # after the first loader: the fork server's own pipes stay open
+        base = len(os.listdir("/proc/self/fd"))
+    loader = DataLoader(streams, batch_size=6, num_workers=2, seed=3, worker_mode=mode)
+    current[:] = [loader]
+    next(loader)
+    pids += getattr(loader, "worker_pids", [])
+    signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-6, 3e-3))
+    try:
+        for _ in range(300):
+            next(loader)
+        outcome = "ran"
+    except LoaderClosedError:
+        outcome = "closed"
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    current[:] = []
+    loader.close()
+    try:
+        next(loader)
+        outcome += ", then a batch after close"
+    except LoaderClosedError:
+        pass
+    outcomes[outcome] = outcomes.get(outcome, 0) + 1
+print(json.dumps({"outcomes": outcomes, "grown": len(os.listdir("/proc/self/fd")) - base,
+                  "pids": pids}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_close_from_a_signal_handler_inside_next(root, mode):
+    """close() called by a signal handler (a SIGTERM handler that cleans up) at a random point
+    inside next() -- while it waits, reads a reply, or hands out a step: next() raises
+    LoaderClosedError (or had returned), never hangs or raises anything else, and nothing is
+    left open or running."""
+    # Threads start in no time: more trials for the rarer races there.
+    out = run_child(CLOSED_BY_A_HANDLER, str(root), mode, "80" if mode == "thread" else "25",
+                    timeout=90)
+    assert set(out["outcomes"]) <= {"ran", "closed"} and out["outcomes"].get("closed"), out
+    assert out["grown"] <= 0, out
+    assert_reaped(out["pids"])
+
+
 MANY_HELD = """
 import json, os, resource, sys
 from loaderx import DataLoader, DenseDataset

@@ -33,6 +33,10 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+#: The longest a consumer waits before it looks at the loader's state again (see Window._wait).
+_RECHECK_SECONDS = 0.1
+
+
 def same_process(born: int) -> bool:
     """Whether the process that recorded ``born`` (``_forks[0]`` then) is this one."""
     return born == _forks[0]
@@ -78,8 +82,10 @@ class Window:
 
     def _wait(self) -> None:
         """Waits, with the lock held, until something may have changed: by default until a
-        worker notifies the condition."""
-        self.sleep()
+        worker notifies the condition, or a tenth of a second at most -- a close() from a
+        signal handler that lands inside ``Condition.wait`` before it is listening (its
+        notify then reaches nobody) costs that much, instead of a wait forever."""
+        self.sleep(_RECHECK_SECONDS)
 
     def sleep(self, timeout: float | None = None) -> None:
         """``cond.wait(timeout)``, with the lock held again if an interrupt lands inside it:

@@ -47,7 +47,7 @@ from typing import Any
 
 from loaderx._batch import Failure
 from loaderx._window import Window
-from loaderx.errors import RemoteTraceback, WorkerError
+from loaderx.errors import LoaderClosedError, RemoteTraceback, WorkerError
 from loaderx.workers import channel, start, worker
 from loaderx.workers.layout import Loan, Maps, decode, decode_flat
 from loaderx.workers.mapping import Mapping
@@ -205,6 +205,10 @@ class ProcessPipeline(Window):
                 self.interrupted = True
                 self._take_in({fd for fd, _ in events})
                 self.interrupted = False
+        except Exception:
+            if self.closed:  # close() ran in a signal handler: what it closed was in use
+                raise LoaderClosedError("the DataLoader was closed while waiting") from None
+            raise
         finally:
             self.pumper = None
             if self.closed and self.wake_read >= 0 and not self.workers:
@@ -269,7 +273,7 @@ class ProcessPipeline(Window):
                 each.settle()
         if self.claim >= self.next_step + self.window:
             return  # the common case: the window is covered
-        while (self.claim < self.next_step + self.window
+        while (self.claim < self.next_step + self.window and not self.closed
                and (self.steps is None or self.claim < self.steps)):
             fewest: _Worker | None = None  # the live worker with the fewest outstanding steps
             for each in workers:
@@ -296,6 +300,8 @@ class ProcessPipeline(Window):
                 w.sock.sendall(frame)
             except OSError:
                 w.outbox = None
+                if self.closed:
+                    return  # close() came from a signal handler: its socket is closed
                 if self.claim == step + 1 and self.generation == generation:
                     self.claim = step  # another worker builds it
                 w.process.join(_JOIN_SECONDS)  # its end closed: it is exiting
@@ -331,7 +337,7 @@ class ProcessPipeline(Window):
             reader.fill()
         else:
             reader.settle()
-        while reader.buf:
+        while reader.buf and not reader.closed:  # (close() may come from a signal handler)
             frame = reader.frame()
             if frame is None:
                 return
