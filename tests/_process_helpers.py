@@ -123,6 +123,16 @@ def unpicklable_output(batch: dict[str, Any]) -> dict[str, Any]:
     return {"x": batch["x"], "lock": threading.Lock()}
 
 
+def unpicklable_key_at(step: int, batch: dict[str, Any], ctx: BatchContext) -> dict[Any, Any]:
+    """With ``functools.partial(unpicklable_key_at, step)``: the batch, but at ``step`` a
+    dict of arrays whose key hashes and does not pickle (a local function)."""
+    if ctx.step == step:
+        def local() -> None:
+            return None
+        return {local: batch["x"]}  # arrays only, in the batch's segment: the fast reply
+    return batch
+
+
 def stop_at_step_1(batch: dict[str, Any], ctx: BatchContext) -> dict[str, Any]:
     if ctx.step == 1:
         raise StopIteration

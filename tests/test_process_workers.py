@@ -10,6 +10,7 @@ that forkserver and spawn workers can unpickle them."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -384,6 +385,25 @@ def test_an_output_that_does_not_pickle_is_a_loaderx_error(root):
         next(loader)
     assert loader.closed
     loader.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("bad", [12, 13])
+def test_an_output_that_does_not_pickle_after_quick_batches(root, workers, bad):
+    """Quick batches go two to a message when the next step is already waiting: a reply
+    held back that way still arrives when the one after it cannot be sent (the failing step
+    is, depending on timing, the first of a pair or the second: both are tried)."""
+    transform = functools.partial(helpers.unpicklable_key_at, bad)
+    kw = {"batch_size": BATCH, "seed": 5, "transform": transform}
+    with DataLoader(dense(root), num_workers=0, **kw) as reference:
+        want = [next(reference)["x"] for _ in range(bad)]
+    with DataLoader(dense(root), num_workers=workers, worker_mode="process",
+                    start_method="fork", **kw) as loader:
+        # The steps before (their segments made by then: a reply with new ones is never held).
+        got = [next(loader)["x"] for _ in range(bad)]
+        with pytest.raises(LoaderxError, match=f"at step {bad} cannot be sent"):
+            next(loader)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 CRASH = """

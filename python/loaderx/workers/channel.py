@@ -41,10 +41,13 @@ def frame_bytes(message: Any) -> bytes:
     return _HEADER.pack(_MAGIC, 0, len(payload)) + payload
 
 
-def send(sock: socket.socket, message: Any, fds: list[int] | tuple[int, ...] = ()) -> None:
-    """Sends ``message`` (pickled) and ``fds`` as one frame (blocking)."""
+def send(sock: socket.socket, message: Any, fds: list[int] | tuple[int, ...] = (),
+         before: bytes = b"") -> None:
+    """Sends ``message`` (pickled) and ``fds`` as one frame (blocking), after the frames of
+    ``before`` (from :func:`frame_bytes`) in the same call. The descriptors ride with the
+    first bytes; a reader that takes each frame's count in order gives them to this one."""
     payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    header = _HEADER.pack(_MAGIC, len(fds), len(payload))
+    header = before + _HEADER.pack(_MAGIC, len(fds), len(payload))
     if fds:
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
         sent = sock.sendmsg([header], ancillary)
@@ -66,21 +69,38 @@ class Inbox:
     def recv(self) -> tuple[Any, list[int]]:
         """The next frame's message and descriptors (blocking); :class:`Closed` at end of
         file."""
-        while True:
-            if len(self.buf) >= _HEADER.size:
-                count, length = _header(self.buf)
-                end = _HEADER.size + length
-                if len(self.buf) >= end and len(self.fds) >= count:
-                    message = pickle.loads(memoryview(self.buf)[_HEADER.size:end])
-                    del self.buf[:end]
-                    fds, self.fds = self.fds[:count], self.fds[count:]
-                    return message, fds
-            n, ancillary, _, _ = self.sock.recvmsg_into([self.chunk],
-                                                        socket.CMSG_SPACE(MAX_FDS * 4))
-            _take_fds(ancillary, self.fds)
-            if not n:
-                raise Closed
-            self.buf += memoryview(self.chunk)[:n]
+        while not self._complete():
+            self._read(0)
+        count, length = _header(self.buf)
+        end = _HEADER.size + length
+        message = pickle.loads(memoryview(self.buf)[_HEADER.size:end])
+        del self.buf[:end]
+        fds, self.fds = self.fds[:count], self.fds[count:]
+        return message, fds
+
+    def waiting(self) -> bool:
+        """Whether a frame is there to be received without waiting (one read that does not
+        wait, if none is in the buffer yet)."""
+        if not self._complete():
+            try:
+                self._read(socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return False
+        return self._complete()
+
+    def _complete(self) -> bool:
+        if len(self.buf) < _HEADER.size:
+            return False
+        count, length = _header(self.buf)
+        return len(self.buf) >= _HEADER.size + length and len(self.fds) >= count
+
+    def _read(self, flags: int) -> None:
+        n, ancillary, _, _ = self.sock.recvmsg_into([self.chunk], socket.CMSG_SPACE(MAX_FDS * 4),
+                                                    flags)
+        _take_fds(ancillary, self.fds)
+        if not n:
+            raise Closed
+        self.buf += memoryview(self.chunk)[:n]
 
 
 def _header(data: bytes | bytearray) -> tuple[int, int]:
