@@ -438,7 +438,7 @@ class ProcessPipeline(Window):
                      "needs its `if __name__ == '__main__':` guard; the worker's own traceback, "
                      "if any, is on stderr)")
         elif current:
-            where = f"while building step {current[0]}"
+            where = f"before it delivered step {current[0]}"  # (built, or being built)
         else:
             where = f"while the loader was at step {self.next_step}"
         hint = (" (SIGKILL is often the kernel's out-of-memory killer: see `dmesg`; fewer "
