@@ -152,23 +152,33 @@ class _Encoder:
 
 def _flat_in(out: dict[Any, Any], encoder: _Encoder,
              known: dict[int, tuple[np.ndarray, tuple[Any, ...]]]) -> list[tuple[Any, ...]] | None:
-    """The :meth:`Ref.fields` of a dict of plain NumPy arrays that all lie in the batch's own
-    segment -- what the gather wrote, the identity or an in-place transform: most batches --
-    or None for anything else, which the full walk then handles. The arrays the gather made
-    themselves are looked up in ``known`` (see :class:`BatchMemory`)."""
+    """The entries of a :class:`Flat` for a dict whose values are plain NumPy arrays that lie
+    in the batch's own segment -- what the gather wrote, the identity or an in-place
+    transform -- or plain values (numbers, strings, lists or tuples of them: per-sample
+    scores, names), with at least one array: most batches. None for anything else, which
+    the full walk then handles. The arrays the gather made themselves are looked up in
+    ``known`` (see :class:`BatchMemory`)."""
     refs = []
+    arrays = 0
     for value in out.values():
         mine = known.get(id(value))
         if mine is not None and mine[0] is value:
             refs.append(mine[1])
+            arrays += 1
             continue
-        if type(value) is not np.ndarray or value.dtype.hasobject or value.size == 0:
+        kind = type(value)
+        if kind in _PLAIN or ((kind is list or kind is tuple)
+                              and _PLAIN.issuperset(map(type, value))):
+            refs.append((value,))
+            continue
+        if kind is not np.ndarray or value.dtype.hasobject or value.size == 0:
             return None
         ref = encoder.in_own(value, False)
         if ref is None:
             return None
         refs.append(ref.fields())
-    return refs
+        arrays += 1
+    return refs if arrays else None
 
 
 def encode(out: Any, memory: BatchMemory, arena: Arena) -> tuple[Any, list[Segment]]:
@@ -199,16 +209,29 @@ def encode(out: Any, memory: BatchMemory, arena: Arena) -> tuple[Any, list[Segme
             arena.give(own)
     for segment in lent:
         arena.lend(segment)
-    if type(skeleton) is dict and all(type(v) is Ref for v in skeleton.values()):
-        # The common case -- a dict of arrays -- as plain tuples: what pickle reads fastest.
-        return Flat(tuple(skeleton), [r.fields() for r in skeleton.values()]), lent
+    if type(skeleton) is dict and all(type(v) in _FLAT for v in skeleton.values()):
+        # A dict of arrays and plain values, as plain tuples: what pickle reads fastest.
+        return Flat(tuple(skeleton), [_entry(v) for v in skeleton.values()]), lent
     return skeleton, lent
 
 
+#: What a value of a :class:`Flat` may be once walked: an array's place, or a plain value.
+_FLAT = frozenset({Ref, Opaque}) | _PLAIN
+
+
+def _entry(value: Any) -> tuple[Any, ...]:
+    """A walked value as an entry of a :class:`Flat`: an array's :meth:`Ref.fields`, else the
+    value in a 1-tuple."""
+    if type(value) is Ref:
+        return value.fields()
+    return (value.value,) if type(value) is Opaque else (value,)
+
+
 class Flat:
-    """A dict of arrays only: its keys and, in order, where each array lies. The worker sends
-    the two as they are, in a reply of its own kind (plain tuples are what pickle writes and
-    reads fastest); :func:`decode_flat` rebuilds the dict."""
+    """A dict of arrays and plain values: its keys and, in order, an entry for each value --
+    where the array lies (a :meth:`Ref.fields` 6-tuple), or the plain value in a 1-tuple. The
+    worker sends the two as they are, in a reply of its own kind (plain tuples are what pickle
+    writes and reads fastest); :func:`decode_flat` rebuilds the dict."""
 
     __slots__ = ("keys", "refs")
 
@@ -258,7 +281,11 @@ def decode_flat(keys: tuple[Any, ...], refs: list[tuple[Any, ...]], maps: Maps,
     :func:`_array` in one loop)."""
     out: dict[Any, Any] = {}
     regions: dict[int, np.ndarray] = {}
-    for key, (segment, offset, shape, strides, dtype, torch) in zip(keys, refs, strict=True):
+    for key, entry in zip(keys, refs, strict=True):
+        if len(entry) == 1:  # a plain value
+            out[key] = entry[0]
+            continue
+        segment, offset, shape, strides, dtype, torch = entry
         region = regions.get(segment)
         if region is None:
             region = regions[segment] = np.asarray(_Lease(loan, maps[segment]))
