@@ -148,7 +148,7 @@ class Reader:
     def fill(self) -> None:
         """Reads what the socket holds now, without waiting."""
         try:
-            # One read (a reply is far smaller than its 64 KiB; poll reports the rest).
+            # One read (a reply is far smaller than its 64 KiB; the next wait reports the rest).
             self.received.extend(itertools.islice(self._reads, 1))
         except (BlockingIOError, InterruptedError):
             pass

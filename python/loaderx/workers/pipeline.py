@@ -3,11 +3,11 @@ step order, errors and deaths reported, everything stopped and reaped.
 
 There is no thread of the loader's own in the consumer's process: the consumer hands out steps
 as it takes its own (:meth:`ProcessPipeline._moved`), and reads the workers' replies while it
-waits for its step (:meth:`ProcessPipeline._wait`), in one ``poll`` on every worker's socket,
-every worker's process sentinel -- a worker that dies is an error naming it and its step, never
-a hang -- and a pipe through which ``close()`` and ``seek()`` from other threads wake it. A
+waits for its step (:meth:`ProcessPipeline._wait`), in one ``epoll`` wait on every worker's
+socket, every worker's process sentinel -- a worker that dies is an error naming it and its
+step, never a hang -- and a pipe through which ``close()`` from another thread wakes it. A
 thread in between would cost each batch two thread hand-offs, which on a machine whose cores
-the workers keep busy is a fifth of the throughput.
+the workers keep busy is a sixth of the throughput.
 
 Reading on the consumer's thread means reading where a signal handler (Ctrl-C) may raise, at
 any call or backward jump. So every change of state made for a reply or a step handed out is
@@ -70,7 +70,7 @@ class _Worker:
         self.index = index
         self.process = process
         self.sock = sock
-        self.fd, self.sentinel = sock.fileno(), process.sentinel  # what poll reports
+        self.fd, self.sentinel = sock.fileno(), process.sentinel  # what epoll reports
         self.reader = channel.Reader(sock)
         # (generation, step) of the steps it was sent and has not answered, oldest first.
         self.pending: list[tuple[int, int]] = []
@@ -178,7 +178,7 @@ class ProcessPipeline(Window):
 
     def _wait(self) -> None:
         """Reads the workers' replies until something arrived (with the lock released while
-        it waits in ``poll``); another consumer thread's reading is waited for instead."""
+        it waits in ``epoll``); another consumer thread's reading is waited for instead."""
         if self.pumper is not None:
             # Another thread reads; it notifies when it filed something or stopped reading. A
             # bound on the wait, in case an interrupt ended its reading before it could.
@@ -187,7 +187,7 @@ class ProcessPipeline(Window):
         self._top_up()
         if self.interrupted:
             # The last reading did not finish: replies it read but did not file are in the
-            # readers, and no poll reports them again.
+            # readers, and no wait reports them again.
             backlog = [w for w in self.workers if w.dead is None and w.reader.backlog()]
             for w in backlog:
                 self._receive(w, read=False)
