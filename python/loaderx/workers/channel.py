@@ -69,10 +69,9 @@ class Inbox:
     def recv(self) -> tuple[Any, list[int]]:
         """The next frame's message and descriptors (blocking); :class:`Closed` at end of
         file."""
-        while not self._complete():
+        while (complete := _frame_end(self.buf, len(self.fds))) is None:
             self._read(0)
-        count, length = _header(self.buf)
-        end = _HEADER.size + length
+        count, end = complete
         message = pickle.loads(memoryview(self.buf)[_HEADER.size:end])
         del self.buf[:end]
         fds, self.fds = self.fds[:count], self.fds[count:]
@@ -81,18 +80,12 @@ class Inbox:
     def waiting(self) -> bool:
         """Whether a frame is there to be received without waiting (one read that does not
         wait, if none is in the buffer yet)."""
-        if not self._complete():
+        if _frame_end(self.buf, len(self.fds)) is None:
             try:
                 self._read(socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return False
-        return self._complete()
-
-    def _complete(self) -> bool:
-        if len(self.buf) < _HEADER.size:
-            return False
-        count, length = _header(self.buf)
-        return len(self.buf) >= _HEADER.size + length and len(self.fds) >= count
+        return _frame_end(self.buf, len(self.fds)) is not None
 
     def _read(self, flags: int) -> None:
         n, ancillary, _, _ = self.sock.recvmsg_into([self.chunk], socket.CMSG_SPACE(MAX_FDS * 4),
@@ -109,6 +102,16 @@ def _header(data: bytes | bytearray) -> tuple[int, int]:
     if magic != _MAGIC or count > MAX_FDS:
         raise InternalError("a loaderx worker channel lost its framing")
     return count, length
+
+
+def _frame_end(buf: bytearray, fds: int) -> tuple[int, int] | None:
+    """``(descriptors, end)`` of the frame at the start of ``buf`` when all of it (bytes and
+    descriptors, of which ``fds`` have arrived) is there, else None."""
+    if len(buf) < _HEADER.size:
+        return None
+    count, length = _header(buf)
+    end = _HEADER.size + length
+    return (count, end) if len(buf) >= end and fds >= count else None
 
 
 def _take_fds(ancillary: list[tuple[int, int, bytes]], into: list[int]) -> None:
@@ -138,7 +141,6 @@ class Reader:
         # Descriptors of handled frames, owned here until closed: a frame's handler moves them
         # in its commit, so that they are closed once, whether by it or by close().
         self.closing: list[int] = []
-        self.eof = False
         self.closed = False
         # An endless iterator of reads (one that raises stays usable).
         self._reads = iter(functools.partial(sock.recvmsg, 1 << 16,
@@ -150,28 +152,19 @@ class Reader:
         try:
             # One read (a reply is far smaller than its 64 KiB; the next wait reports the rest).
             self.received.extend(itertools.islice(self._reads, 1))
-        except (BlockingIOError, InterruptedError):
+        except OSError:  # drained (or the worker gone: its sentinel reports that)
             pass
-        except OSError:
-            self.eof = True
         self.settle()
 
     def backlog(self) -> bool:
         """Whether a frame was read but not handled (an interrupt came in between): the socket
         no longer reports it, so the consumer must look here before it waits."""
-        if self.received:
-            return True
-        if len(self.buf) < _HEADER.size:
-            return False
-        count, length = _header(self.buf)
-        return len(self.buf) >= _HEADER.size + length and len(self.fds) >= count
+        return bool(self.received) or _frame_end(self.buf, len(self.fds)) is not None
 
     def settle(self) -> None:
         """Moves what was read into the buffer of frames."""
         while self.received:
             data, ancillary, _, _ = self.received[0]
-            if not data:
-                self.eof = True
             fds: list[int] = []
             _take_fds(ancillary, fds)
             # Moved to the buffer with no call in between (a signal handler cannot run there).
@@ -184,12 +177,10 @@ class Reader:
         consumes it with ``del reader.buf[:end]; del reader.fds[:len(fds)]`` in its own
         frame, right after recording what it did with the frame (a method call would be a
         place for an interrupt to land between the two)."""
-        if len(self.buf) < _HEADER.size:
+        complete = _frame_end(self.buf, len(self.fds))
+        if complete is None:
             return None
-        count, length = _header(self.buf)
-        end = _HEADER.size + length
-        if len(self.buf) < end or len(self.fds) < count:
-            return None
+        count, end = complete
         return pickle.loads(self.buf[_HEADER.size:end]), self.fds[:count], end
 
     def close_handled(self) -> None:
