@@ -271,8 +271,6 @@ class ProcessPipeline(Window):
         for each in workers:
             if each.outbox is not None:
                 each.settle()
-        if self.claim >= self.next_step + self.window:
-            return  # the common case: the window is covered
         while (self.claim < self.next_step + self.window and not self.closed
                and (self.steps is None or self.claim < self.steps)):
             fewest: _Worker | None = None  # the live worker with the fewest outstanding steps
@@ -457,6 +455,10 @@ class ProcessPipeline(Window):
                     self.ready[at] = failure
             elif self.fatal is None:
                 self.fatal = error
+        self._unwatch(w)
+
+    def _unwatch(self, w: _Worker) -> None:
+        """Takes ``w``'s socket and sentinel out of the wait (again: no harm)."""
         for fd in (w.fd, w.sentinel):
             try:
                 self.poller.unregister(fd)
@@ -519,11 +521,7 @@ class ProcessPipeline(Window):
         do not leave within the deadline."""
         workers, self.workers = self.workers, []
         for w in workers:
-            for fd in (w.fd, w.sentinel):
-                try:
-                    self.poller.unregister(fd)
-                except (OSError, ValueError):
-                    pass
+            self._unwatch(w)
             w.reader.close()
         deadline = time.monotonic() + _JOIN_SECONDS
         for w in workers:
