@@ -189,16 +189,12 @@ class BatchMemory:
 
     def dense(self, i: int, shape: tuple[int, ...], dtype: np.dtype[Any],
               rows: int) -> tuple[np.ndarray, np.ndarray]:
-        segment = self.segment
-        if segment is None:
-            raise LoaderxValueError("a batch's memory was used before it was reserved")
-        start = self.offsets[i]
         nbytes = math.prod(shape) * dtype.itemsize
-        raw = segment.array[start:start + nbytes]
-        out = np.ndarray(shape, dtype, buffer=segment.array, offset=start)
-        if nbytes:
-            self.known[id(out)] = (out, (segment.ident, start, shape, out.strides,
-                                         dtype_spec(dtype), False))
+        raw = self._view(i, nbytes)
+        out = np.ndarray(shape, dtype, buffer=raw)
+        if nbytes and self.segment is not None:
+            self.known[id(out)] = (out, (self.segment.ident, self.offsets[i], shape,
+                                         out.strides, dtype_spec(dtype), False))
         return out, raw
 
     def ragged(self, i: int, nbytes: int) -> np.ndarray:

@@ -277,27 +277,11 @@ def decode(skeleton: Any, maps: Maps, loan: Loan) -> Any:
 
 def decode_flat(keys: tuple[Any, ...], refs: list[tuple[Any, ...]], maps: Maps,
                 loan: Loan) -> dict[Any, Any]:
-    """The dict of arrays a :class:`Flat` describes (the common case: the steps of
-    :func:`_array` in one loop)."""
-    out: dict[Any, Any] = {}
+    """The dict a :class:`Flat` describes: each entry an array's place, or a plain value in a
+    1-tuple."""
     regions: dict[int, np.ndarray] = {}
-    for key, entry in zip(keys, refs, strict=True):
-        if len(entry) == 1:  # a plain value
-            out[key] = entry[0]
-            continue
-        segment, offset, shape, strides, dtype, torch = entry
-        region = regions.get(segment)
-        if region is None:
-            region = regions[segment] = np.asarray(_Lease(loan, maps[segment]))
-        array = np.ndarray(shape, dtype_of(dtype), buffer=region, offset=offset,
-                           strides=strides)
-        if torch:
-            import torch as module
-
-            out[key] = module.from_numpy(array)
-        else:
-            out[key] = array
-    return out
+    return {key: entry[0] if len(entry) == 1 else _array(entry, maps, loan, regions)
+            for key, entry in zip(keys, refs, strict=True)}
 
 
 def _array(ref: tuple[Any, ...], maps: Maps, loan: Loan, regions: dict[int, np.ndarray]) -> Any:
