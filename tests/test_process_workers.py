@@ -822,6 +822,70 @@ def test_close_from_a_signal_handler_inside_next(root, mode):
     assert_reaped(out["pids"])
 
 
+CLOSED_INSIDE_NOTIFY = """
+import json, linecache, os, sys, threading, time
+from loaderx import DataLoader, DenseDataset
+from loaderx.errors import LoaderClosedError
+
+root, mode = sys.argv[1:3]
+streams = {"y": DenseDataset(os.path.join(root, "y"))}
+loader = DataLoader(streams, batch_size=6, num_workers=2, seed=3, worker_mode=mode)
+next(loader)
+pids = list(getattr(loader, "worker_pids", []))
+pipe = loader._pipe
+
+def bystander():  # another thread waiting on the loader (a second consumer, say)
+    with pipe.cond:
+        while not pipe.closed:
+            pipe.cond.wait(0.05)
+
+helper = threading.Thread(target=bystander)
+helper.start()
+while not pipe.cond._waiters:  # it waits, so the next notify walks a waiter
+    time.sleep(0.001)
+
+# What a signal handler can do: run close() between Condition.notify's test for waiters and
+# its taking the first (a trace function runs where a handler can).
+fired = []
+def local(frame, event, arg):
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    if event == "line" and not fired and line == "waiter = waiters[0]":
+        fired.append(line)
+        loader.close()
+    return local
+def tracer(frame, event, arg):
+    return local if frame.f_code is threading.Condition.notify.__code__ else None
+sys.settrace(tracer)
+try:
+    next(loader)
+    outcome = "batch"
+except LoaderClosedError:
+    outcome = "closed"
+finally:
+    sys.settrace(None)
+try:
+    next(loader)
+    outcome += ", then a batch after close"
+except LoaderClosedError:
+    pass
+helper.join()
+while threading.active_count() > 1:  # the workers' threads end on their own
+    time.sleep(0.01)
+print(json.dumps({"outcome": outcome, "fired": bool(fired), "pids": pids}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_close_from_a_handler_inside_condition_notify(root, mode):
+    """close() from a signal handler that lands inside ``Condition.notify`` under next() (the
+    race behind a rare IndexError in the test above): next() returns the batch or raises
+    LoaderClosedError, never anything else, and every thread and worker ends."""
+    out = run_child(CLOSED_INSIDE_NOTIFY, str(root), mode, timeout=60)
+    assert out["fired"], "the trace never reached Condition.notify's walk of the waiters"
+    assert out["outcome"] in {"batch", "closed"}, out
+    assert_reaped(out["pids"])
+
+
 MANY_HELD = """
 import json, os, resource, sys
 from loaderx import DataLoader, DenseDataset

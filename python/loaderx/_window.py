@@ -18,7 +18,7 @@ from typing import Any
 from loaderx._batch import Failure
 from loaderx.errors import LoaderClosedError
 
-__all__ = ["Window", "same_process"]
+__all__ = ["RECHECK_SECONDS", "Window", "same_process"]
 
 #: Forks survived by this process's line: a child's count is one more than its parent's, so a
 #: pipeline knows it was made in another process by one integer compare (os.getpid() is a
@@ -33,8 +33,9 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-#: The longest a consumer waits before it looks at the loader's state again (see Window._wait).
-_RECHECK_SECONDS = 0.1
+#: The longest a consumer or an idle thread worker waits before it looks at the loader's state
+#: again (see Window._wait and Window.held_here).
+RECHECK_SECONDS = 0.1
 
 
 def same_process(born: int) -> bool:
@@ -85,7 +86,7 @@ class Window:
         worker notifies the condition, or a tenth of a second at most -- a close() from a
         signal handler that lands inside ``Condition.wait`` before it is listening (its
         notify then reaches nobody) costs that much, instead of a wait forever."""
-        self.sleep(_RECHECK_SECONDS)
+        self.sleep(RECHECK_SECONDS)
 
     def sleep(self, timeout: float | None = None) -> None:
         """``cond.wait(timeout)``, with the lock held again if an interrupt lands inside it:
@@ -102,6 +103,15 @@ class Window:
 
     def stop(self) -> None:
         raise NotImplementedError
+
+    def held_here(self) -> bool:
+        """Whether this thread holds the lock already. A close() or seek() that finds it so
+        came from a signal handler (or a finalizer) that ran inside this thread's own critical
+        section -- perhaps inside ``Condition.notify``, whose walk of the waiters raises
+        IndexError if a nested notify empties them under it. Such a call notifies nobody, and
+        waits for nobody that needs the lock: every waiter looks again within
+        ``RECHECK_SECONDS`` on its own."""
+        return bool(self.cond._is_owned())  # type: ignore[attr-defined]  # see _recover
 
     def take(self) -> Any:
         """The batch of the consumer's step, once it is ready; a worker's failure is raised
@@ -172,11 +182,13 @@ class Window:
             cond.release()
 
     def seek(self, step: int) -> None:
+        nested = self.held_here()
         with self.cond:
             self.generation += 1
             self.ready.clear()
             self.next_step = self.claim = self.prefetched_to = step
-            self.cond.notify_all()
+            if not nested:
+                self.cond.notify_all()
             self._moved()
 
     def steps_ahead(self, step: int, readahead: int) -> range:

@@ -140,7 +140,7 @@ import numpy as np
 
 from loaderx._batch import Builder, ContextMaker, EndlessRows, Failure, Job, PassRows
 from loaderx._recycle import BufferPool, GrowingPool
-from loaderx._window import Window, same_process
+from loaderx._window import RECHECK_SECONDS, Window, same_process
 from loaderx.errors import LoaderClosedError, LoaderxTypeError, LoaderxValueError
 from loaderx.sampler import (
     _MAX_BATCH,
@@ -771,19 +771,23 @@ class _Pipeline(Window):
             self.threads.append(t)
 
     def stop(self) -> None:
+        nested = self.held_here()
         with self.cond:
             if self.closed:
                 return
             self.closed = True
             self.ready.clear()
-            self.cond.notify_all()
+            if not nested:
+                self.cond.notify_all()
             threads, self.threads = self.threads, []
         me = threading.current_thread()
         # One deadline for all: a thread stuck in a transform costs the wait once, not once
         # per thread. A thread still running afterwards sees `closed` and drops its batch.
+        # Called with the lock held further out (see held_here), no thread can finish while
+        # this one waits: they end on their own once the lock is free.
         deadline = _clock() + _JOIN_SECONDS
         for t in threads:
-            if t is not me and self.pid == os.getpid():
+            if t is not me and self.pid == os.getpid() and not nested:
                 t.join(max(0.0, deadline - _clock()))
         self.memory.close()
 
@@ -794,7 +798,7 @@ class _Pipeline(Window):
         while True:
             with cond:
                 while not self.closed and self.claim >= self.next_step + self.window:
-                    cond.wait()
+                    cond.wait(RECHECK_SECONDS)  # a nested close() notifies nobody
                 if self.closed or (self.steps is not None and self.claim >= self.steps):
                     return
                 step, generation = self.claim, self.generation

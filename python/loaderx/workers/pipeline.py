@@ -475,13 +475,15 @@ class ProcessPipeline(Window):
             # parent's; touching them would disturb the parent's loader.
             self.closed = True
             return
+        nested = self.held_here()
         with self.cond:
             if self.closed:
                 return
             self.closed = True
             self.ready.clear()
             self._wake()
-            self.cond.notify_all()
+            if not nested:
+                self.cond.notify_all()
             # Another thread reading the replies (the pipe woke it) leaves before the
             # descriptors it waits on are closed. If close() came from a signal handler inside
             # this thread's own reading, that reading files nothing more, and the wake-up pipe
