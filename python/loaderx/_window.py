@@ -34,7 +34,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 #: The longest a consumer or an idle thread worker waits before it looks at the loader's state
-#: again (see Window._wait and Window.held_here).
+#: again (see Window._wait and Window.notify).
 RECHECK_SECONDS = 0.1
 
 
@@ -55,7 +55,8 @@ class Window:
 
     def __init__(self, start_step: int, steps: int | None) -> None:
         self.steps = steps
-        self.cond = threading.Condition()
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
         self.ready: dict[int, Any] = {}
         self.next_step = start_step     # the consumer's position
         self.claim = start_step         # the next step a worker will build
@@ -104,14 +105,19 @@ class Window:
     def stop(self) -> None:
         raise NotImplementedError
 
-    def held_here(self) -> bool:
-        """Whether this thread holds the lock already. A close() or seek() that finds it so
-        came from a signal handler (or a finalizer) that ran inside this thread's own critical
-        section -- perhaps inside ``Condition.notify``, whose walk of the waiters raises
-        IndexError if a nested notify empties them under it. Such a call notifies nobody, and
-        waits for nobody that needs the lock: every waiter looks again within
-        ``RECHECK_SECONDS`` on its own."""
-        return bool(self.cond._is_owned())  # type: ignore[attr-defined]  # see _recover
+    def nested(self) -> bool:
+        """Whether this thread holds the lock more than once: the caller then runs inside this
+        thread's own critical section -- a close() or seek() from a signal handler or a
+        finalizer -- perhaps inside ``Condition.notify``, whose walk of the waiters raises
+        IndexError if a nested notify empties them under it."""
+        return bool(self.lock._recursion_count() > 1)  # type: ignore[attr-defined]  # 3.11+
+
+    def notify(self) -> None:
+        """Wakes every thread waiting on the condition (called with the lock held) -- unless
+        :meth:`nested`: then nobody, and every waiter (a consumer, an idle thread worker)
+        looks at the loader's state again within ``RECHECK_SECONDS`` on its own."""
+        if not self.nested():
+            self.cond.notify_all()
 
     def take(self) -> Any:
         """The batch of the consumer's step, once it is ready; a worker's failure is raised
@@ -144,10 +150,10 @@ class Window:
                 del self.ready[step]
                 self.next_step = step + 1
                 taken = True
-                self.cond.notify_all()
+                self.notify()
                 self._moved()
         except BaseException:
-            # An interrupt (KeyboardInterrupt from a signal handler inside notify_all or the
+            # An interrupt (KeyboardInterrupt from a signal handler inside notify or the
             # condition's __enter__/__exit__, which are Python code) must neither lose a
             # consumed step nor leave the lock held.
             self._recover((step, generation, item) if taken else None)
@@ -177,18 +183,16 @@ class Window:
                     and self.next_step == step + 1 and step not in self.ready):
                 self.ready[step] = item
                 self.next_step = step
-                cond.notify_all()  # another consumer may be waiting for this step
+                self.notify()  # another consumer may be waiting for this step
         finally:
             cond.release()
 
     def seek(self, step: int) -> None:
-        nested = self.held_here()
         with self.cond:
             self.generation += 1
             self.ready.clear()
             self.next_step = self.claim = self.prefetched_to = step
-            if not nested:
-                self.cond.notify_all()
+            self.notify()
             self._moved()
 
     def steps_ahead(self, step: int, readahead: int) -> range:

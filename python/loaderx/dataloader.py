@@ -771,19 +771,18 @@ class _Pipeline(Window):
             self.threads.append(t)
 
     def stop(self) -> None:
-        nested = self.held_here()
         with self.cond:
             if self.closed:
                 return
+            nested = self.nested()
             self.closed = True
             self.ready.clear()
-            if not nested:
-                self.cond.notify_all()
+            self.notify()
             threads, self.threads = self.threads, []
         me = threading.current_thread()
         # One deadline for all: a thread stuck in a transform costs the wait once, not once
         # per thread. A thread still running afterwards sees `closed` and drops its batch.
-        # Called with the lock held further out (see held_here), no thread can finish while
+        # Called with the lock held further out (see Window.nested), no thread can finish while
         # this one waits: they end on their own once the lock is free.
         deadline = _clock() + _JOIN_SECONDS
         for t in threads:
@@ -798,7 +797,7 @@ class _Pipeline(Window):
         while True:
             with cond:
                 while not self.closed and self.claim >= self.next_step + self.window:
-                    cond.wait(RECHECK_SECONDS)  # a nested close() notifies nobody
+                    cond.wait(RECHECK_SECONDS)  # a nested close() notifies nobody (Window.notify)
                 if self.closed or (self.steps is not None and self.claim >= self.steps):
                     return
                 step, generation = self.claim, self.generation
@@ -815,7 +814,7 @@ class _Pipeline(Window):
                     return
                 if generation == self.generation:
                     self.ready[step] = item
-                    cond.notify_all()
+                    self.notify()
 
     def _next_in_process(self) -> Any:
         """``num_workers=0``: the consumer's own thread samples, gathers and transforms each

@@ -215,7 +215,7 @@ class ProcessPipeline(Window):
                 self._close_waiting()  # close() ran inside this wait (see _shutdown)
             cond: Any = self.cond
             if cond._is_owned() and cond._waiters:  # private, but in every 3.x
-                cond.notify_all()
+                self.notify()
 
     def _wake(self) -> None:
         try:
@@ -475,15 +475,13 @@ class ProcessPipeline(Window):
             # parent's; touching them would disturb the parent's loader.
             self.closed = True
             return
-        nested = self.held_here()
         with self.cond:
             if self.closed:
                 return
             self.closed = True
             self.ready.clear()
             self._wake()
-            if not nested:
-                self.cond.notify_all()
+            self.notify()
             # Another thread reading the replies (the pipe woke it) leaves before the
             # descriptors it waits on are closed. If close() came from a signal handler inside
             # this thread's own reading, that reading files nothing more, and the wake-up pipe
