@@ -145,8 +145,9 @@ impl Store {
     }
 
     /// Whether one of `probes` records spread over `n` (table entries by `loc_of`, from the
-    /// first to the last) is not in memory: the probe gathers and prefetches decide by. A chunk that cannot be opened
-    /// counts as resident: the read that follows reports it, naming the record.
+    /// first to the last) is not in memory: the probe gathers and prefetches decide by. A
+    /// chunk that cannot be opened counts as resident: the read that follows reports it,
+    /// naming the record.
     fn sample_is_cold(&self, n: usize, probes: usize, loc_of: impl Fn(usize) -> RecordLoc) -> bool {
         // `probes` records spread evenly from the first to the last.
         let probes = probes.min(n).max(1);

@@ -238,9 +238,6 @@ class Flat:
     def __init__(self, keys: tuple[Any, ...], refs: list[tuple[Any, ...]]) -> None:
         self.keys, self.refs = keys, refs
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Flat, (self.keys, self.refs))
-
 
 class Loan:
     """The consumer's hold on one batch's segments: every array of the batch keeps it alive
@@ -268,10 +265,9 @@ Maps = dict[int, Mapping]
 
 
 def decode(skeleton: Any, maps: Maps, loan: Loan) -> Any:
-    """The batch the skeleton describes, its arrays over the consumer's ``maps`` of the
-    worker's segments."""
-    if type(skeleton) is Flat:
-        return decode_flat(skeleton.keys, skeleton.refs, maps, loan)
+    """The batch the skeleton of a ``"batch"`` reply describes, its arrays over the
+    consumer's ``maps`` of the worker's segments (a :class:`Flat` travels as a ``"flat"``
+    reply instead: see :func:`decode_flat`)."""
     return _decode(skeleton, maps, loan, {})
 
 
