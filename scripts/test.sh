@@ -17,3 +17,5 @@ echo "== mypy (the package) and stubtest (loaderx/_native.pyi against the compil
 "$VPY" -m mypy.stubtest loaderx._native
 echo "== pytest"
 "$VPY" -m pytest -q tests
+echo "== pytest under the distribution's python3 (Debian 12: 3.11.2; all but the framework tests)"
+bash "$ROOT/scripts/test_system_python.sh"

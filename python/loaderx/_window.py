@@ -63,6 +63,7 @@ class Window:
         self.prefetched_to = start_step  # steps below this had their reads started
         self.generation = 0             # bumped by seek, so stale work is dropped
         self.closed = False
+        self.notifying = False          # inside cond.notify_all (see notify)
         self.pid = os.getpid()
         self.born = _forks[0]           # see same_process
 
@@ -98,26 +99,40 @@ class Window:
         try:
             cond.wait(timeout)
         except BaseException:
-            if not cond._is_owned():  # type: ignore[attr-defined]  # see _recover
+            if not self.owns():
                 cond.acquire()
             raise
 
     def stop(self) -> None:
         raise NotImplementedError
 
-    def nested(self) -> bool:
-        """Whether this thread holds the lock more than once: the caller then runs inside this
-        thread's own critical section -- a close() or seek() from a signal handler or a
-        finalizer -- perhaps inside ``Condition.notify``, whose walk of the waiters raises
-        IndexError if a nested notify empties them under it."""
-        return bool(self.lock._recursion_count() > 1)  # type: ignore[attr-defined]  # 3.11+
+    def owns(self) -> bool:
+        """Whether this thread holds the lock (at any depth). Only documented behaviour is used:
+        ``Condition.notify`` raises RuntimeError in a thread that does not hold the lock, and
+        wakes nobody when asked to wake none. (The lock's private ``_is_owned`` and
+        ``_recursion_count`` are not in every interpreter: Debian 12's 3.11.2 has no
+        ``_recursion_count``.)"""
+        try:
+            self.cond.notify(0)
+        except RuntimeError:
+            return False
+        return True
 
     def notify(self) -> None:
-        """Wakes every thread waiting on the condition (called with the lock held) -- unless
-        :meth:`nested`: then nobody, and every waiter (a consumer, an idle thread worker)
-        looks at the loader's state again within ``RECHECK_SECONDS`` on its own."""
-        if not self.nested():
+        """Wakes every thread waiting on the condition (called with the lock held) -- unless this
+        thread is already inside that call further out: a close() or seek() from a signal
+        handler or a finalizer that landed inside ``Condition.notify_all``, whose walk of the
+        waiters fails (IndexError, or RuntimeError on a released waiter) if a nested notify
+        empties them under it. The outer call then wakes them all anyway, and every waiter (a
+        consumer, an idle thread worker) looks at the loader's state again within
+        ``RECHECK_SECONDS`` on its own. Only the lock's holder reads or writes ``notifying``."""
+        if self.notifying:
+            return
+        self.notifying = True
+        try:
             self.cond.notify_all()
+        finally:
+            self.notifying = False
 
     def take(self) -> Any:
         """The batch of the consumer's step, once it is ready; a worker's failure is raised
@@ -169,7 +184,7 @@ class Window:
         cond = self.cond
         # Held here only if the interrupt came inside __enter__ after it acquired the lock, or
         # inside __exit__ before it released it: then nothing else will release it.
-        held = cond._is_owned()  # type: ignore[attr-defined]  # private, but in every 3.x
+        held = self.owns()
         if consumed is None:
             if held:
                 cond.release()

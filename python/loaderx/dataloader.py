@@ -771,10 +771,12 @@ class _Pipeline(Window):
             self.threads.append(t)
 
     def stop(self) -> None:
+        # Held already: this close() runs inside this thread's own critical section further
+        # out (a signal handler or a finalizer).
+        nested = self.owns()
         with self.cond:
             if self.closed:
                 return
-            nested = self.nested()
             self.closed = True
             self.ready.clear()
             self.notify()
@@ -782,7 +784,7 @@ class _Pipeline(Window):
         me = threading.current_thread()
         # One deadline for all: a thread stuck in a transform costs the wait once, not once
         # per thread. A thread still running afterwards sees `closed` and drops its batch.
-        # Called with the lock held further out (see Window.nested), no thread can finish while
+        # Called with the lock held further out (`nested`), no thread can finish while
         # this one waits: they end on their own once the lock is free.
         deadline = _clock() + _JOIN_SECONDS
         for t in threads:
