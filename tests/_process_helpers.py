@@ -119,6 +119,45 @@ def odd_tensors(batch: dict[str, Any]) -> dict[str, Any]:
             "f16": x.half()}
 
 
+class KeepsEarlier:
+    """A transform with state: it keeps views of the inputs of its last ``LAG`` batches (no
+    copy) and returns the oldest with each batch as ``prev`` -- mixup against an earlier
+    batch, a memory bank -- and a value computed from it, ``mix``, as such a transform would."""
+
+    LAG = 3
+
+    def __init__(self) -> None:
+        self.bank: list[dict[str, Any]] = []
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        prev = self.bank.pop(0) if len(self.bank) == self.LAG else {
+            "x": np.zeros_like(batch["x"]), "r": [np.zeros((0, 3), np.int16)]}
+        self.bank.append({"x": batch["x"], "r": batch["r"]})
+        # Nothing returned lies in the batch's own memory: `x` goes back as a copy.
+        return {"x": batch["x"].copy(), "prev": prev["x"], "mix": batch["x"] + prev["x"],
+                "prev_r": prev["r"][0].copy()}
+
+
+def read_only(batch: dict[str, Any]) -> dict[str, Any]:
+    """Read-only arrays: the gathered one made read-only in place, a computed one, a view."""
+    x = batch["x"]
+    x.setflags(write=False)
+    doubled = batch["y"] * 2
+    doubled.setflags(write=False)
+    return {"x": x, "doubled": doubled, "view": x[1:3], "y": batch["y"],
+            "nested": [x[:2]]}
+
+
+def self_referencing(batch: dict[str, Any]) -> dict[str, Any]:
+    """A list that holds itself, a dict that holds itself, and one list held twice."""
+    loop: list[Any] = [batch["x"]]
+    loop.append(loop)
+    ring: dict[str, Any] = {"y": batch["y"]}
+    ring["me"] = ring
+    shared = [batch["y"] + 1]
+    return {"loop": loop, "ring": ring, "a": shared, "b": (shared, 1)}
+
+
 def unpicklable_output(batch: dict[str, Any]) -> dict[str, Any]:
     return {"x": batch["x"], "lock": threading.Lock()}
 

@@ -248,6 +248,40 @@ def test_returned_values_come_back_as_returned(root, transform):
         assert take(loader, 4) == want
 
 
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_read_only_arrays_stay_read_only(root, mode):
+    """What threads hand over as it is -- a read-only array -- comes back read-only from a
+    worker process too, with the same values; writable ones stay writable."""
+    want = reference(dense(root), 4, seed=1)
+    with DataLoader(dense(root), batch_size=BATCH, num_workers=1, seed=1, worker_mode=mode,
+                    transform=helpers.read_only) as loader:
+        for step in range(4):
+            batch = next(loader)
+            flags = {k: v.flags.writeable for k, v in batch.items() if k != "nested"}
+            assert flags == {"x": False, "doubled": False, "view": False, "y": True}
+            assert not batch["nested"][0].flags.writeable
+            x = want[step][1][0][1][4]
+            assert batch["x"].tobytes() == x
+            with pytest.raises(ValueError, match="read-only"):
+                batch["x"][0] = 0
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_self_referencing_and_shared_containers_come_back_alike(root, mode):
+    """A list or dict that holds itself comes back holding itself (not a RecursionError), and
+    one held twice is one object, as the thread loader hands them over."""
+    want = reference(dense(root), 3, seed=8)
+    with DataLoader(dense(root), batch_size=BATCH, num_workers=1, seed=8, worker_mode=mode,
+                    transform=helpers.self_referencing) as loader:
+        for step in range(3):
+            batch = next(loader)
+            loop, ring = batch["loop"], batch["ring"]
+            assert loop[1] is loop and ring["me"] is ring
+            assert batch["b"][0] is batch["a"]
+            assert loop[0].tobytes() == want[step][1][0][1][4]
+            assert ring["y"].tobytes() == want[step][1][1][1][4]
+
+
 def test_torch_tensors_come_back_as_tensors(root):
     torch = need("torch")
     want = reference(dense(root), 3, transform=helpers.to_torch, seed=2)
@@ -326,6 +360,34 @@ def test_kept_batches_are_never_overwritten(root):
         for step in range(61, 200):
             assert frozen(next(loader)) == want[step]
         assert memfd_bytes() <= 2 * early + (1 << 20)
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_views_the_transform_keeps_are_never_overwritten(root, mode, workers):
+    """A transform that keeps views of its input for later steps (without a copy) sees them
+    unchanged then, in both modes: a worker reuses a segment only once nothing in it, the
+    transform's state included, sees the segment any more."""
+    streams = mixed(root)
+    lag = helpers.KeepsEarlier.LAG
+    with DataLoader(streams, batch_size=BATCH, num_workers=0, seed=4) as loader:
+        xs = [next(loader)["x"].copy() for _ in range(60)]
+        firsts = [R[int(loader.batch_indices(step)[0])] for step in range(60)]
+    with DataLoader(streams, batch_size=BATCH, num_workers=workers, seed=4, worker_mode=mode,
+                    prefetch_size=2, transform=helpers.KeepsEarlier()) as loader:
+        wrong = []
+        for step in range(60):
+            batch = next(loader)
+            np.testing.assert_array_equal(batch["x"], xs[step])
+            if not np.array_equal(batch["mix"], batch["x"] + batch["prev"]):
+                wrong.append(step)
+            elif workers == 1 and step >= lag:  # one worker builds every step, in order
+                if not (np.array_equal(batch["prev"], xs[step - lag])
+                        and np.array_equal(batch["prev_r"], firsts[step - lag])):
+                    wrong.append(step)
+            elif batch["prev"].any() and not any(np.array_equal(batch["prev"], x) for x in xs):
+                wrong.append(step)  # several workers: some other step's input, unchanged
+        assert wrong == []
 
 
 def _indices(loader: DataLoader, step: int) -> np.ndarray:
@@ -987,6 +1049,50 @@ def test_a_forked_childs_close_leaves_the_parents_loader_alone(root, tmp_path, h
     assert json.loads(out)["step"] == 3
     assert samples.count(True) >= 200, f"the consumer ran in {samples.count(False)} of 300 " \
         "samples while it had nothing to do but wait"
+
+
+FORKED_EXIT = """
+import json, os, sys
+from loaderx import DataLoader, DenseDataset
+from loaderx.errors import LoaderClosedError
+root, how = sys.argv[1:3]
+streams = {"y": DenseDataset(os.path.join(root, "y"))}
+with DataLoader(streams, batch_size=6, num_workers=0, seed=2) as reference:
+    want = [next(reference)["y"].tolist() for _ in range(6)]
+loader = DataLoader(streams, batch_size=6, num_workers=2, worker_mode="process", seed=2)
+got = [next(loader)["y"].tolist() for _ in range(3)]
+pids = loader.worker_pids
+pid = os.fork()
+if pid == 0:
+    # A forked child that ends normally: sys.exit runs the interpreter's exit hooks
+    # (multiprocessing's among them), as a checkpoint writer's or a daemon's end does.
+    if how == "touches the loader":
+        try:
+            next(loader)
+        except LoaderClosedError:
+            pass
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+alive = []
+for p in pids:
+    try:
+        os.kill(p, 0)
+        alive.append(True)
+    except ProcessLookupError:
+        alive.append(False)
+got += [next(loader)["y"].tolist() for _ in range(3)]
+loader.close()
+print(json.dumps({"child": os.waitstatus_to_exitcode(status), "alive": alive,
+                  "same": got == want}))
+"""
+
+
+@pytest.mark.parametrize("how", ["exits", "touches the loader"])
+def test_a_forked_childs_normal_exit_leaves_the_parents_workers_alone(root, how):
+    """A child made by os.fork() that exits normally (running multiprocessing's exit hook,
+    which ends the daemonic children it knows of) must leave the parent's workers running."""
+    out = run_child(FORKED_EXIT, str(root), how)
+    assert out == {"child": 0, "alive": [True, True], "same": True}
 
 
 def stop(child: subprocess.Popen, below: set[int], gate: pathlib.Path) -> None:

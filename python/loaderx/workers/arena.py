@@ -6,7 +6,12 @@ nothing of it can outlive the processes that map it: when the worker and the con
 descriptor to the consumer once; afterwards batches only name it.
 
 A segment is *free* (the worker may write it), *in use* (the batch being built), or *lent*
-(the consumer holds a batch in it, until it says the batch is gone). Sizes grow as
+(the consumer holds a batch in it, until it says the batch is gone). A segment the consumer gives
+back is free only once nothing in the worker sees it either: a transform may keep a view of
+its input for a later step (mixup against the previous batch, a memory bank, a cache of the
+last batch), and such a segment is *held* until that view is gone -- as the thread loader's
+buffers, by the reference count of the array that owns the mapping (every view's ``base``).
+Sizes grow as
 :class:`loaderx._recycle.GrowingPool`'s do: a quarter more than asked for and never less than
 the largest made so far, so that after a few batches every batch fits a free segment; at most
 ``keep`` free segments are kept, smaller ones are retired first.
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -63,6 +69,17 @@ class Segment:
             raise
         self.array: np.ndarray = np.asarray(_Exposed(mapping))
         self.address: int = mapping.address
+        # Every view of the segment holds `array` (NumPy collapses view chains to it): its
+        # count above this one means something in this process still sees the memory.
+        self.idle_refs = 0
+        self.idle_refs = self.refs()
+
+    def refs(self) -> int:
+        return sys.getrefcount(self.array)
+
+    def seen(self) -> bool:
+        """Whether an array (or a tensor, a memoryview) in this process still sees it."""
+        return self.refs() > self.idle_refs
 
     def sent(self) -> None:
         """The consumer has the descriptor now (or never will need it)."""
@@ -83,6 +100,7 @@ class Arena:
         self.keep = max(2, keep)
         self.free: list[Segment] = []
         self.lent: dict[int, Segment] = {}
+        self.held: list[Segment] = []  # given back, but still seen here (see the module doc)
         self.capacity = 0
         self.next_ident = 0
         self.fresh: list[Segment] = []  # made since the last batch was sent: their fds go with it
@@ -91,6 +109,8 @@ class Arena:
 
     def take(self, nbytes: int) -> Segment:
         """A free segment of at least ``nbytes`` (a new one if none fits)."""
+        if self.held:
+            self._release_held()
         # The smallest that fits; of equal ones the last given back, whose pages the caches
         # are most likely to still hold (a batch of 3 MiB nearly fills a core's L2).
         best = None
@@ -112,7 +132,23 @@ class Arena:
         return segment
 
     def give(self, segment: Segment) -> None:
-        """``segment`` is free again (built into but not sent, or given back)."""
+        """``segment`` is not the consumer's any more (built into but not sent, or given back):
+        free, unless something here still sees it."""
+        if segment.seen():
+            self.held.append(segment)
+            return
+        self._free(segment)
+
+    def _release_held(self) -> None:
+        """Frees the held segments nothing sees any more (a reference count each)."""
+        still = [s for s in self.held if s.seen()]
+        if len(still) < len(self.held):
+            released = [s for s in self.held if s not in still]
+            self.held = still
+            for segment in released:
+                self._free(segment)
+
+    def _free(self, segment: Segment) -> None:
         if segment.size < self.capacity or len(self.free) >= self.keep:
             self._retire(segment)
         else:

@@ -6,7 +6,10 @@ tensors. An array that already lies in the batch's segment (what the gather wrot
 of it: the identity transform, an in-place transform, a slice) is sent as its segment, offset,
 shape, strides and dtype, without a copy. Any other array (what a transform computed) is
 copied once, in the worker, into a second segment of the same batch. Everything else --
-strings, numbers, object arrays, other containers -- is pickled with the skeleton.
+strings, numbers, object arrays, other containers -- is pickled with the skeleton. What the
+thread loader would hand over as it is comes back alike: a read-only array stays read-only
+(the reference says so), and a list or dict that the output holds twice, or that holds itself,
+is one object on the consumer's side too (the walks keep a memo of the containers they made).
 
 The consumer rebuilds each array over a lease that keeps the batch's :class:`Loan` alive, as
 :mod:`loaderx._recycle` does for the thread loader: every view keeps its lease, so the loan
@@ -28,22 +31,32 @@ from loaderx.workers.mapping import Mapping
 __all__ = ["Flat", "Loan", "Opaque", "Ref", "decode", "decode_flat", "encode"]
 
 
-class Ref:
-    """Where one array of the batch lies. The dtype travels as its string when that names it
-    exactly (every plain numeric dtype: cheaper to send and to look up than a pickled dtype),
-    else as the dtype itself."""
+#: Bits of a :class:`Ref`'s ``kind``: the array was a torch tensor; it was a read-only array.
+TORCH = 1
+READ_ONLY = 2
 
-    __slots__ = ("dtype", "offset", "segment", "shape", "strides", "torch")
+
+def kind_of(array: np.ndarray, torch: bool) -> int:
+    """The ``kind`` bits of ``array`` (a torch tensor's NumPy view is always writable)."""
+    return TORCH if torch else (0 if array.flags.writeable else READ_ONLY)
+
+
+class Ref:
+    """Where one array of the batch lies, and its ``kind`` (:data:`TORCH`, :data:`READ_ONLY`).
+    The dtype travels as its string when that names it exactly (every plain numeric dtype:
+    cheaper to send and to look up than a pickled dtype), else as the dtype itself."""
+
+    __slots__ = ("dtype", "kind", "offset", "segment", "shape", "strides")
 
     def __init__(self, segment: int, offset: int, shape: tuple[int, ...],
-                 strides: tuple[int, ...], dtype: np.dtype[Any] | str, torch: bool) -> None:
+                 strides: tuple[int, ...], dtype: np.dtype[Any] | str, kind: int) -> None:
         self.segment, self.offset, self.shape = segment, offset, shape
-        self.strides, self.torch = strides, torch
+        self.strides, self.kind = strides, kind
         self.dtype = dtype_spec(dtype) if isinstance(dtype, np.dtype) else dtype
 
     def fields(self) -> tuple[Any, ...]:
         """Its fields in the order of the constructor's arguments."""
-        return (self.segment, self.offset, self.shape, self.strides, self.dtype, self.torch)
+        return (self.segment, self.offset, self.shape, self.strides, self.dtype, self.kind)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Ref, self.fields())
@@ -113,6 +126,9 @@ class _Encoder:
         self.copies: list[tuple[np.ndarray, Ref]] = []
         self.extra_bytes = 0
         self.used_own = False
+        # id of a list or dict of the output -> its walked copy: one object held twice (or
+        # holding itself) stays one object, and a cycle ends the walk instead of recursing.
+        self.memo: dict[int, Any] = {}
 
     def in_own(self, array: np.ndarray, torch: bool) -> Ref | None:
         """Where ``array`` lies in the batch's own segment, or None when it does not."""
@@ -122,7 +138,7 @@ class _Encoder:
             return None
         self.used_own = True
         return Ref(own.ident, start - own.address, array.shape, array.strides, array.dtype,
-                   torch)
+                   kind_of(array, torch))
 
     def walk(self, value: Any) -> Any:
         kind = type(value)
@@ -130,10 +146,20 @@ class _Encoder:
             return value
         if (kind is list or kind is tuple) and _PLAIN.issuperset(map(type, value)):
             return Opaque(value)  # e.g. a list of per-sample floats: nothing to look into
-        if kind is dict:
-            return {k: self.walk(v) for k, v in value.items()}
-        if kind is list:
-            return [self.walk(v) for v in value]
+        if kind is dict or kind is list:
+            walked = self.memo.get(id(value))
+            if walked is not None:
+                return walked
+            if kind is dict:
+                into: dict[Any, Any] = {}
+                self.memo[id(value)] = into
+                for k, v in value.items():
+                    into[k] = self.walk(v)
+                return into
+            items: list[Any] = []
+            self.memo[id(value)] = items
+            items.extend([self.walk(v) for v in value])
+            return items
         if kind is tuple or (isinstance(value, tuple) and hasattr(kind, "_fields")):
             return _rebuilt(value, [self.walk(v) for v in value])
         array, torch = _as_array(value)
@@ -144,7 +170,7 @@ class _Encoder:
             return ref
         # Computed by the transform: copied later into one extra segment, C-contiguous (the
         # segment and the strides are filled in then).
-        ref = Ref(-1, self.extra_bytes, array.shape, (), array.dtype, torch)
+        ref = Ref(-1, self.extra_bytes, array.shape, (), array.dtype, kind_of(array, torch))
         self.copies.append((array, ref))
         self.extra_bytes = -(-(self.extra_bytes + array.nbytes) // 64) * 64
         return ref
@@ -162,7 +188,7 @@ def _flat_in(out: dict[Any, Any], encoder: _Encoder,
     arrays = 0
     for value in out.values():
         mine = known.get(id(value))
-        if mine is not None and mine[0] is value:
+        if mine is not None and mine[0] is value and value.flags.writeable:
             refs.append(mine[1])
             arrays += 1
             continue
@@ -268,7 +294,7 @@ def decode(skeleton: Any, maps: Maps, loan: Loan) -> Any:
     """The batch the skeleton of a ``"batch"`` reply describes, its arrays over the
     consumer's ``maps`` of the worker's segments (a :class:`Flat` travels as a ``"flat"``
     reply instead: see :func:`decode_flat`)."""
-    return _decode(skeleton, maps, loan, {})
+    return _decode(skeleton, maps, loan, {}, {})
 
 
 def decode_flat(keys: tuple[Any, ...], refs: list[tuple[Any, ...]], maps: Maps,
@@ -283,21 +309,25 @@ def decode_flat(keys: tuple[Any, ...], refs: list[tuple[Any, ...]], maps: Maps,
 def _array(ref: tuple[Any, ...], maps: Maps, loan: Loan, regions: dict[int, np.ndarray]) -> Any:
     """The array at ``ref`` (a :meth:`Ref.fields` tuple), over the batch's one lease of its
     segment (made on first use)."""
-    segment, offset, shape, strides, dtype, torch = ref
+    segment, offset, shape, strides, dtype, kind = ref
     region = regions.get(segment)
     if region is None:
         region = regions[segment] = np.asarray(_Lease(loan, maps[segment]))
     array = np.ndarray(shape, dtype_of(dtype), buffer=region, offset=offset, strides=strides)
-    if torch:
-        import torch as module
+    if kind:
+        if kind & TORCH:
+            import torch as module
 
-        return module.from_numpy(array)
+            return module.from_numpy(array)
+        array.flags.writeable = False  # READ_ONLY
     return array
 
 
-def _decode(value: Any, maps: Maps, loan: Loan, regions: dict[int, np.ndarray]) -> Any:
+def _decode(value: Any, maps: Maps, loan: Loan, regions: dict[int, np.ndarray],
+            memo: dict[int, Any]) -> Any:
     # A module function, not a closure over itself: a recursive closure is a reference cycle
     # that would keep the loan -- and the batch's segments -- until the garbage collector ran.
+    # `memo`, as the encoder's: a list or dict held twice, or holding itself, stays one.
     kind = type(value)
     if kind in _PLAIN:
         return value
@@ -305,10 +335,20 @@ def _decode(value: Any, maps: Maps, loan: Loan, regions: dict[int, np.ndarray]) 
         return value.value
     if kind is Ref:
         return _array(value.fields(), maps, loan, regions)
-    if kind is dict:
-        return {k: _decode(v, maps, loan, regions) for k, v in value.items()}
-    if kind is list:
-        return [_decode(v, maps, loan, regions) for v in value]
+    if kind is dict or kind is list:
+        done = memo.get(id(value))
+        if done is not None:
+            return done
+        if kind is dict:
+            into: dict[Any, Any] = {}
+            memo[id(value)] = into
+            for k, v in value.items():
+                into[k] = _decode(v, maps, loan, regions, memo)
+            return into
+        items: list[Any] = []
+        memo[id(value)] = items
+        items.extend([_decode(v, maps, loan, regions, memo) for v in value])
+        return items
     if kind is tuple or (isinstance(value, tuple) and hasattr(kind, "_fields")):
-        return _rebuilt(value, [_decode(v, maps, loan, regions) for v in value])
+        return _rebuilt(value, [_decode(v, maps, loan, regions, memo) for v in value])
     return value

@@ -33,6 +33,7 @@ import collections
 import functools
 import itertools
 import multiprocessing
+import multiprocessing.process
 import os
 import pickle
 import select
@@ -58,6 +59,25 @@ __all__ = ["ProcessPipeline"]
 _JOIN_SECONDS = 1.0
 #: The steps to read ahead when readahead is off.
 _NOTHING = range(0)
+
+#: Every worker process this process started (weakly: a reaped worker goes from here too).
+_started: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _forget_the_parents_workers() -> None:
+    """In a child made by ``os.fork()`` -- an asynchronous checkpoint writer, ``pty.fork``, a
+    daemonising helper -- rather than by multiprocessing: the child inherits multiprocessing's
+    set of the parent's children, and multiprocessing's exit hook, which runs when the child
+    exits normally, SIGTERMs each daemonic one of them: the parent's workers. They are not the
+    child's; it forgets them. (multiprocessing clears the set itself only in the children it
+    starts. The set is private, but the same in every 3.x; without it nothing is done.)"""
+    children = getattr(multiprocessing.process, "_children", None)
+    if isinstance(children, set) and _started:
+        children.difference_update(list(_started))
+    _started.clear()
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_workers)
 #: Runs an iterator to its end in C (no Python code runs, so no signal handler either).
 _exhaust: Callable[[Iterable[Any]], object] = functools.partial(collections.deque,
                                                                 maxlen=0)
@@ -213,8 +233,7 @@ class ProcessPipeline(Window):
             self.pumper = None
             if self.closed and self.wake_read >= 0 and not self.workers:
                 self._close_waiting()  # close() ran inside this wait (see _shutdown)
-            cond: Any = self.cond
-            if cond._is_owned() and cond._waiters:  # private, but in every 3.x
+            if self.owns():  # not if an interrupt came before the lock was taken back
                 self.notify()
 
     def _wake(self) -> None:
@@ -249,6 +268,7 @@ class ProcessPipeline(Window):
                         process.start()
                 finally:
                     theirs.close()
+                _started.add(process)
                 self.workers.append(_Worker(index, process, mine))
                 self.poller.register(mine.fileno(), select.EPOLLIN)
                 self.poller.register(process.sentinel, select.EPOLLIN)
