@@ -14,8 +14,10 @@ one document, with where they go in the row. Two plans:
   best-fit decreasing -- longest documents first, each into the fullest row it still fits,
   a new row when none does -- computed on the histogram of document sizes instead of document
   by document: documents of one size are interchangeable, and so are rows with the same room
-  left, so the work is a loop over the distinct sizes (at most ``seq_len``) and groups of
-  identical rows, then a few vectorised passes over the documents. Documents of one size are
+  left, so the work is a loop over the distinct sizes (at most the longest document's, never
+  more than ``seq_len``) and groups of identical rows, then a few vectorised passes over the
+  documents. Nothing is sized by ``seq_len`` itself: the histogram runs to the largest size a
+  document takes, the rooms left are a sorted list of those that occur. Documents of one size are
   taken in a seeded order, so the seed decides which documents share a row. The plan keeps the
   rows as a CSR table: ``row_ptr`` (int64, one per row) and ``row_docs`` (one integer per
   document).
@@ -26,6 +28,7 @@ thread, worker process and resumed run sees the same rows.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from typing import NamedTuple
 
 import numpy as np
@@ -59,6 +62,14 @@ class Parts(NamedTuple):
 
 def _index_dtype(n: int) -> type[np.unsignedinteger]:
     return np.uint32 if n < (1 << 32) else np.uint64
+
+
+def _size_dtype(top: int) -> type[np.unsignedinteger]:
+    """The smallest unsigned dtype the native gather takes (16, 32 or 64 bits) for sizes up to
+    ``top``."""
+    if top < (1 << 16):
+        return np.uint16
+    return np.uint32 if top < (1 << 32) else np.uint64
 
 
 def _seeded_order(n: int, seed: int) -> np.ndarray:
@@ -171,24 +182,28 @@ class FirstFitPlan:
         self.seq_len = s
         self.eos = bool(eos)
         n = len(lengths)
-        size_dtype = np.uint16 if s < (1 << 16) else np.uint32
         room = s - self.eos  # a row's room for a document's own tokens
         #: How many documents (their end-of-document token counted) were longer than a row.
         self.truncated = int(np.count_nonzero(lengths > room))
         #: The longest document (its end-of-document token counted), 0 without documents.
         self.longest = int(lengths.max()) + self.eos if n else 0
+        # The largest size a document takes: the histogram (and all the plan) is sized by the
+        # documents, whatever seq_len is.
+        top = min(self.longest, s)
+        size_dtype = _size_dtype(top)
         #: Tokens each document takes in its row.
         self.sizes = np.minimum(lengths, room).astype(size_dtype)
         if self.eos:
             self.sizes += size_dtype(1)
-        counts = np.bincount(self.sizes, minlength=s + 1)
+        counts = np.bincount(self.sizes, minlength=top + 1)
         by_size = self._by_size(counts, seed)
         events = _best_fit_decreasing(counts, s)
         self.rows = events.bins
         self.row_ptr, self.row_docs = _expand(events, by_size, self.rows)
         self.placed = len(self.row_docs)
         #: Padding tokens over all rows.
-        self.padding_tokens = self.rows * s - int(counts @ np.arange(s + 1, dtype=np.int64))
+        self.padding_tokens = self.rows * s - int(
+            counts @ np.arange(len(counts), dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
@@ -206,10 +221,10 @@ class FirstFitPlan:
         n = len(self.sizes)
         order = _seeded_order(n, seed)
         out = np.empty(int(n - counts[0]), dtype=order.dtype)
-        # Where the next document of each size goes: sizes seq_len, seq_len - 1, ..., 1 one
-        # after another (size 0 is left out).
+        # Where the next document of each size goes: sizes top, top - 1, ..., 1 one after
+        # another (size 0 is left out).
         nxt = (np.cumsum(counts[::-1])[::-1] - counts).astype(np.int64)
-        top = self.sizes.dtype.type(self.seq_len)
+        top = self.sizes.dtype.type(len(counts) - 1)
         for lo in range(0, n, _CHUNK):
             docs = order[lo:lo + _CHUNK]
             size = self.sizes[docs]
@@ -247,34 +262,39 @@ class _Events(NamedTuple):
 
 
 def _best_fit_decreasing(counts: np.ndarray, cap: int) -> _Events:
-    """Best-fit decreasing on the histogram ``counts[size]`` of item sizes ``1..cap``.
+    """Best-fit decreasing on the histogram ``counts[size]`` of item sizes ``1..len(counts) - 1``
+    (each at most ``cap``) into bins of ``cap``.
 
     Rows with the same room left are kept together as *groups* -- runs of consecutive bin ids
     with one history (the same sizes in the same order) -- in a bucket per room left. Items of
     size ``s`` go to the fullest rows they fit: the buckets of room ``r >= s`` from the
     smallest up, each row of a bucket taking ``r // s`` of them (best fit puts the next item
     into the same row while it fits, that row being the fullest then), then new rows of
-    ``cap // s`` each. A group is split when a size runs out within it."""
+    ``cap // s`` each. A group is split when a size runs out within it. The rooms that have a
+    bucket are a sorted list (at most one entry per group, never one per unit of ``cap``)."""
     buckets: dict[int, list[list[int]]] = {}  # room -> groups [first_bin, bins, held]
-    occupied = 0  # bit r set when bucket r is not empty
+    rooms: list[int] = []  # the rooms with a bucket, ascending
     log: list[tuple[int, int, int, int]] = []
     next_bin = 0
 
     def put(room: int, group: list[int]) -> None:
-        nonlocal occupied
         if room == 0:
             return  # a full row takes nothing more
-        buckets.setdefault(room, []).append(group)
-        occupied |= 1 << room
+        bucket = buckets.get(room)
+        if bucket is None:
+            buckets[room] = [group]
+            insort(rooms, room)
+        else:
+            bucket.append(group)
 
     for s in np.flatnonzero(counts[1:])[::-1] + 1:
         s = int(s)
         left = int(counts[s])
         while left:
-            above = occupied >> s
-            if not above:
+            at = bisect_left(rooms, s)
+            if at == len(rooms):
                 break
-            room = s + (above & -above).bit_length() - 1
+            room = rooms[at]  # the fullest rows the items fit
             q = room // s
             groups = buckets[room]
             while groups and left:
@@ -299,7 +319,7 @@ def _best_fit_decreasing(counts: np.ndarray, cap: int) -> _Events:
                 left = 0
             if not groups:
                 del buckets[room]
-                occupied &= ~(1 << room)
+                del rooms[bisect_left(rooms, room)]
         if left:
             q = cap // s
             full, rest = divmod(left, q)

@@ -27,6 +27,14 @@ array([[1, 2, 0, 1],
        [1, 1, 1, 1]], dtype=int32), array([[1, 2, 3, 0],
        [1, 2, 3, 4]], dtype=int32))
 
+Limits: a batch of rows holds at most :data:`MAX_BATCH_TOKENS` tokens (2**31 - 1: its segment
+ids and positions are int32), so ``seq_len`` is at most that (a row is a batch of one); a
+batch is also refused, before anything is allocated, when its tokens, segment ids and positions
+(``itemsize + 8`` bytes a token) need more than the process can have (the smallest of the
+physical memory, the cgroup's ``memory.max``, ``RLIMIT_AS`` and ``RLIMIT_DATA``). concat refuses
+a document of more than 2**31 tokens (its end token counted), whose positions would not fit
+int32. The plans are sized by the documents, never by ``seq_len``.
+
 Methods: ``"concat"`` (pretraining) concatenates the documents in a seeded order, each followed
 by ``eos_id`` when given, and cuts the stream into rows: every token lands in exactly one row,
 only the tail shorter than a row is dropped. ``"first_fit"`` (fine-tuning) packs whole
@@ -67,13 +75,33 @@ from loaderx import _native
 from loaderx._pack_plan import ConcatPlan, FirstFitPlan, Parts, _ranges
 from loaderx._recycle import aligned_empty
 from loaderx.dataset import RaggedDataset, _dense_gather, _indices, _one_index
-from loaderx.errors import DatasetError, LoaderxIndexError, LoaderxTypeError, LoaderxValueError
+from loaderx.errors import (
+    DatasetError,
+    LimitExceededError,
+    LoaderxIndexError,
+    LoaderxTypeError,
+    LoaderxValueError,
+)
 from loaderx.sampler import normalize_seed
 
-__all__ = ["pack", "PackedDataset", "PIECE_ROWS_KEY"]
+__all__ = ["pack", "PackedDataset", "PIECE_ROWS_KEY", "MAX_BATCH_TOKENS"]
 
 #: The schema key of a token corpus written in pieces (see the module docs).
 PIECE_ROWS_KEY = "piece_rows"
+
+#: The most tokens a batch of packed rows holds, and so the largest ``seq_len`` (a row is a
+#: batch of one): a batch's segment ids and positions are int32 arrays over its tokens.
+MAX_BATCH_TOKENS = (1 << 31) - 1
+
+#: A concat document holds at most this many tokens, its end token counted: its positions
+#: (int32) run from 0 to one less.
+_MAX_DOCUMENT_TOKENS = 1 << 31
+
+#: Batches of fewer bytes than this are not checked against the process's memory.
+_CHECKED_BATCH_BYTES = 1 << 26
+
+#: The int32 ``arange`` arrays of batch sizes a view keeps (see ``PackedDataset._arange``).
+_KEPT_ARANGES = 4
 
 Method = Literal["concat", "first_fit"]
 _METHODS = ("concat", "first_fit")
@@ -253,8 +281,55 @@ def _token_id(value: Any, what: str, dtype: np.dtype) -> int:
     info = np.iinfo(dtype)
     if not info.min <= token <= info.max:
         raise LoaderxValueError(f"{what}={token} does not fit the documents' dtype {dtype} "
-                                f"([{info.min}, {info.max}])")
+                                f"([{info.min}, {info.max}]); pass a token id in that range")
     return token
+
+
+def _token_bits(token: int, dtype: np.dtype) -> int:
+    """``token``'s bytes as the documents store them (``dtype``: signed or unsigned, either byte
+    order), read as a little-endian unsigned integer: the native gather writes a token's low
+    ``itemsize`` bytes of it, little-endian, so it writes exactly what the NumPy path does."""
+    return int.from_bytes(np.array(token, dtype=dtype).tobytes(), "little")
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.1f} GiB"
+
+
+def _memory_limit() -> tuple[int, str] | None:
+    """The most memory this process can have, and what sets it: the smallest of the physical
+    memory, the cgroup's ``memory.max`` (v2) or ``memory.limit_in_bytes`` (v1), and the soft
+    ``RLIMIT_AS`` / ``RLIMIT_DATA``; None where none is known."""
+    found: list[tuple[int, str]] = []
+    try:
+        found.append((os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
+                      "the physical memory"))
+    except (AttributeError, OSError, ValueError):
+        pass
+    for file, what in (("/sys/fs/cgroup/memory.max", "the cgroup's memory.max"),
+                       ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                        "the cgroup's memory.limit_in_bytes")):
+        try:
+            with open(file) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            found.append((int(text), what))
+    try:
+        import resource
+    except ImportError:  # not on Unix
+        resource = None  # type: ignore[assignment]
+    if resource is not None:
+        for name in ("RLIMIT_AS", "RLIMIT_DATA"):
+            which = getattr(resource, name, None)
+            if which is None:
+                continue
+            soft = resource.getrlimit(which)[0]
+            if soft != resource.RLIM_INFINITY and soft > 0:
+                found.append((int(soft), name))
+    found = [f for f in found if f[0] > 0]
+    return min(found) if found else None
 
 
 class _Cache(threading.local):
@@ -279,6 +354,11 @@ class PackedDataset:
             raise LoaderxValueError(f"seq_len must be a positive int, got {seq_len!r}")
         if seq_len <= 0:
             raise LoaderxValueError(f"seq_len must be a positive int, got {seq_len}")
+        if seq_len > MAX_BATCH_TOKENS:
+            raise LimitExceededError(
+                f"seq_len={seq_len} is over the {MAX_BATCH_TOKENS} tokens (2**31 - 1) a batch "
+                "of packed rows, and so one row, can hold (the segment ids and positions are "
+                "int32); use a smaller seq_len")
         if method not in _METHODS:
             raise LoaderxValueError(f"method must be one of {_METHODS}, got {method!r}")
         if not isinstance(truncate, (bool, np.bool_)):
@@ -300,8 +380,12 @@ class PackedDataset:
         self._documents = documents
         key = normalize_seed(seed)
         eos = self._eos is not None
+        # What the native gather writes: the tokens' bytes (negative ids, either byte order).
+        self._eos_bits = None if self._eos is None else _token_bits(self._eos, self._dtype)
+        self._pad_bits = _token_bits(self._pad, self._dtype)
         self._plan: ConcatPlan | FirstFitPlan
         if method == "concat":
+            _check_positions(documents.lengths, eos)
             self._plan = ConcatPlan(documents.lengths, self._seq_len, key, eos)
         else:
             plan = FirstFitPlan(documents.lengths, self._seq_len, key, eos)
@@ -417,6 +501,36 @@ class PackedDataset:
                      self._pad, self._truncate, self.documents, len(self), base))
         return "pack-" + hashlib.sha1(text.encode()).hexdigest()[:16]
 
+    def _check_batch(self, rows: int) -> None:
+        """Refuses a batch of ``rows`` rows that cannot be held -- more than
+        :data:`MAX_BATCH_TOKENS` tokens, or more bytes (tokens, int32 segment ids and positions)
+        than the process can have -- before anything is allocated, naming its size."""
+        tokens = rows * self._seq_len
+        nbytes = tokens * (self._dtype.itemsize + 8)
+        if nbytes < _CHECKED_BATCH_BYTES:
+            return
+        what = (f"a batch of {rows} packed row{'' if rows == 1 else 's'} of {self._seq_len} "
+                f"tokens")
+        if tokens > MAX_BATCH_TOKENS:
+            raise LimitExceededError(
+                f"{what} holds {tokens} tokens; a batch holds at most {MAX_BATCH_TOKENS} tokens "
+                "(2**31 - 1: its segment ids and positions are int32). Use a smaller seq_len "
+                "or batch (fewer rows at a time)")
+        limit = _memory_limit()
+        if limit is not None and nbytes > limit[0]:
+            raise LimitExceededError(
+                f"{what} needs {_gib(nbytes)} ({self._dtype} tokens plus int32 segment ids and "
+                f"positions, {self._dtype.itemsize + 8} bytes a token), more than this process "
+                f"can have ({_gib(limit[0])}: {limit[1]}). Use a smaller seq_len or batch "
+                "(fewer rows at a time)")
+
+    def gather(self, idxs: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``idxs`` as one ``(len(idxs), seq_len)`` array (into ``out`` when given)."""
+        if not (isinstance(idxs, np.ndarray) and idxs.dtype == np.uint64 and idxs.ndim == 1):
+            idxs = _indices(idxs, len(self)).reshape(-1)
+        self._check_batch(len(idxs))  # before the batch is allocated
+        return _dense_gather(self, idxs, out)
+
     def gather_rows(self, idxs: npt.NDArray[np.uint64], dst: npt.NDArray[np.uint8],
                     shards: int | None = None,
                     rows: npt.NDArray[np.uint64] | None = None) -> None:
@@ -424,6 +538,7 @@ class PackedDataset:
         ``record_bytes``-byte rows (see :mod:`loaderx.source`)."""
         if not len(idxs):
             return
+        self._check_batch(len(idxs))
         if self._native is not None and rows is None:
             self._gather_native(idxs, dst, shards)
             return
@@ -470,11 +585,12 @@ class PackedDataset:
         layout = (first, pieces.piece_rows, self._view_records)
         size = self._dtype.itemsize
         if isinstance(plan, ConcatPlan):
-            _native.pack_concat(store, plan.starts, plan.order, rows, self._seq_len, self._eos,
-                                size, dst, seg.reshape(-1), pos.reshape(-1), shards, layout)
+            _native.pack_concat(store, plan.starts, plan.order, rows, self._seq_len,
+                                self._eos_bits, size, dst, seg.reshape(-1), pos.reshape(-1),
+                                shards, layout)
         else:
             _native.pack_first_fit(store, plan.row_ptr, plan.row_docs, plan.sizes, rows,
-                                   self._seq_len, self._eos, self._pad, size, dst,
+                                   self._seq_len, self._eos_bits, self._pad_bits, size, dst,
                                    seg.reshape(-1), pos.reshape(-1), shards, layout)
         cache = self._cache
         cache.segments_key, cache.segments = rows.tobytes(), (seg, pos)
@@ -493,6 +609,7 @@ class PackedDataset:
         arrays: 1, 2, ... for the documents of a row in row order (0: padding), and each
         token's position inside its document."""
         flat = self._row_indices(idxs)
+        self._check_batch(len(flat))
         cache = self._cache
         if cache.segments is not None and cache.segments_key == flat.tobytes():
             done, cache.segments = cache.segments, None  # filled by the native gather
@@ -527,12 +644,16 @@ class PackedDataset:
     # -- reading -------------------------------------------------------------------------------
 
     def _arange(self, n: int) -> np.ndarray:
-        """``arange(n)`` as int32, kept per size (read-only, shared by threads)."""
-        cached = self._aranges.get(n)
+        """``arange(n)`` as int32, kept per size (read-only, shared by threads) for the last
+        few sizes: a loader asks for one or two (the batch, a finite pass's last one)."""
+        aranges = self._aranges
+        cached = aranges.get(n)
         if cached is None:
             cached = np.arange(n, dtype=np.int32)
             cached.setflags(write=False)
-            self._aranges[n] = cached
+            if len(aranges) >= _KEPT_ARANGES:  # a new dict: other threads keep the old one
+                aranges = self._aranges = {}
+            aranges[n] = cached
         return cached
 
     def _row_indices(self, idxs: Any) -> np.ndarray:
@@ -619,10 +740,6 @@ class PackedDataset:
     def __getitems__(self, idxs: Sequence[int]) -> np.ndarray:
         return self.gather(_indices(idxs, len(self)).reshape(-1))
 
-    def gather(self, idxs: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """Rows ``idxs`` as one ``(len(idxs), seq_len)`` array (into ``out`` when given)."""
-        return _dense_gather(self, idxs, out)
-
     def subset(self, indices: Any) -> Any:
         """Rows ``indices`` as a :class:`~loaderx.subset.Subset` (its batches keep the segment
         ids and positions)."""
@@ -649,6 +766,21 @@ class PackedDataset:
                 else f"padding_tokens={self.padding_tokens}, truncated={self.truncated}")
         return (f"PackedDataset({self.documents} documents -> {len(self)} rows of "
                 f"{self._seq_len} {self._dtype} tokens, method={self._method!r}, {what})")
+
+
+def _check_positions(lengths: np.ndarray, eos: bool) -> None:
+    """Refuses a concat document whose int32 positions would wrap: more than
+    ``_MAX_DOCUMENT_TOKENS`` tokens, its end token counted."""
+    if not len(lengths):
+        return
+    longest = int(lengths.argmax())
+    tokens = int(lengths[longest]) + eos
+    if tokens > _MAX_DOCUMENT_TOKENS:
+        raise LimitExceededError(
+            f"document {longest} holds {tokens} tokens{', its end token counted' if eos else ''};"
+            f" concat packs documents of at most {_MAX_DOCUMENT_TOKENS} tokens (2**31: a "
+            "position inside a document is int32). Split it into documents of that size, or "
+            "use method='first_fit' (which cuts a document to its row)")
 
 
 def _repack(docs: Any, seq_len: int, method: Method, seed: Any, eos_id: int | None,
