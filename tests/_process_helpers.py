@@ -320,3 +320,14 @@ def shm_mappings(pid: int) -> list[str]:
         return []
     return sorted({line.split(None, 5)[5] for line in maps.splitlines()
                    if len(line.split(None, 5)) == 6 and "/dev/shm/" in line})
+
+
+def global_draws(batch: dict[str, Any]) -> dict[str, Any]:
+    """Draws from the process-global generators a torchvision-style augmentation uses
+    (Python's random, np.random, torch's default generator), and who drew them."""
+    import random
+
+    import torch
+
+    return {"y": batch["y"], "pid": os.getpid(), "random": random.random(),
+            "np": float(np.random.random()), "torch": float(torch.rand(1))}

@@ -282,6 +282,39 @@ def test_self_referencing_and_shared_containers_come_back_alike(root, mode):
             assert ring["y"].tobytes() == want[step][1][1][1][4]
 
 
+def _draws_by_worker(root: pathlib.Path, method: str, seed: int) -> dict[int, list[Any]]:
+    """Each worker's draws from the global generators, in the order it made them."""
+    by_pid: dict[int, list[Any]] = {}
+    with process(dense(root), num_workers=2, transform=helpers.global_draws, seed=seed,
+                 start_method=method) as loader:
+        for _ in range(16):
+            batch = next(loader)
+            by_pid.setdefault(batch["pid"], []).append(
+                (batch["random"], batch["np"], batch["torch"]))
+    return by_pid
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_workers_draw_different_random_numbers(root, method):
+    """Python's random, NumPy's and torch's global generators are seeded per worker, as
+    torch's DataLoader does: no two workers repeat a stream, whatever the start method (a
+    forked worker inherits the consumer's NumPy and torch state; forkserver workers the
+    server's). torch here is imported by the transform lazily, in the worker."""
+    need("torch")
+    np.random.random()  # the consumer has drawn: a forked worker would inherit this state
+    by_pid = _draws_by_worker(root, method, seed=3)
+    assert len(by_pid) == 2, "both workers built steps"
+    first, second = by_pid.values()
+    for kind in range(3):
+        mine = {d[kind] for d in first}
+        theirs = {d[kind] for d in second}
+        assert not mine & theirs, f"generator {('random', 'numpy', 'torch')[kind]} repeats"
+    # Another seed, other streams.
+    other = _draws_by_worker(root, method, seed=4)
+    assert not {d for ds in by_pid.values() for d in ds} & {d for ds in other.values()
+                                                            for d in ds}
+
+
 def test_torch_tensors_come_back_as_tensors(root):
     torch = need("torch")
     want = reference(dense(root), 3, transform=helpers.to_torch, seed=2)

@@ -314,7 +314,7 @@ class DataLoader:
         self._pipe = self._pipeline(
             EndlessRows(self._sampler, self._positions, self._cannot_sample()),
             self._job(transform, None), _u64(start_step, "start_step", 0), rows, ahead, None,
-            None)
+            None, None)
         # Stops the threads when the loader is dropped, and at interpreter exit (finalize's
         # atexit hook), so no prefetch thread is inside a gather while the interpreter ends.
         self._finalizer = weakref.finalize(self, self._pipe.stop)
@@ -324,12 +324,19 @@ class DataLoader:
         self._readers_ahead: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def _pipeline(self, rows_of: Callable[[int], Any], job: Job, start_step: int, rows: int,
-                  readahead: int, steps: int | None, mask_key: str | None) -> Any:
+                  readahead: int, steps: int | None, mask_key: str | None,
+                  pass_id: int | None) -> Any:
         """The thread or process pipeline that builds this loader's (or a pass's) batches."""
         if self._worker_mode == "process" and self._num_workers > 0:
+            # What each worker seeds its process-global generators from (with its index):
+            # the loader's seed, the pass, where it starts and the shard, so that no two
+            # workers -- of this loader, another pass or another host -- draw alike.
+            index, _, _ = self._shard
+            kind, pass_number = (0, 0) if pass_id is None else (1, pass_id)
+            entropy = (normalize_seed(self._seed), kind, pass_number, start_step, index)
             return ProcessPipeline(self._streams, rows_of, job, mask_key, start_step,
                                    self._num_workers, self._prefetch, readahead, steps,
-                                   self._start_method)
+                                   self._start_method, entropy)
         builder = Builder(self._streams, rows_of, job, self._num_workers, mask_key)
         return _Pipeline(builder, start_step, self._num_workers, self._prefetch, rows,
                          readahead, steps)
@@ -613,7 +620,7 @@ class Pass:
         self._pipe = loader._pipeline(
             rows_of, loader._job(loader._transform, pass_id), 0,
             per_shard if pad or full else last, loader.readahead, steps,
-            mask_key if pad else None)
+            mask_key if pad else None, pass_id)
         self._finalizer = weakref.finalize(self, self._pipe.stop)
 
     def __len__(self) -> int:

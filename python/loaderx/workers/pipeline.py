@@ -147,8 +147,10 @@ class ProcessPipeline(Window):
 
     def __init__(self, streams: dict[str, Any], rows_of: Any, job: Any, mask_key: str | None,
                  start_step: int, workers: int, prefetch: int, readahead: int,
-                 steps: int | None, start_method: str | None) -> None:
+                 steps: int | None, start_method: str | None,
+                 entropy: tuple[int, ...] = ()) -> None:
         super().__init__(start_step, steps)
+        self.entropy = entropy  # with a worker's index: what it seeds its global generators by
         self.count = workers
         self.window = prefetch + workers
         self.share = -(-self.window // workers) + 1
@@ -256,7 +258,7 @@ class ProcessPipeline(Window):
                 mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                 parent_ends.append(mine.fileno())
                 args = (theirs, self.job if forked else payload, forked,
-                        list(parent_ends) if forked else [])
+                        list(parent_ends) if forked else [], (*self.entropy, index))
                 process = context.Process(target=worker.main, args=args, daemon=True,
                                           name=f"loaderx-worker-{index}")
                 try:

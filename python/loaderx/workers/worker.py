@@ -15,6 +15,8 @@ consumer dies, however it dies.
 from __future__ import annotations
 
 import gc
+import importlib.abc
+import importlib.util
 import os
 import pickle
 import select
@@ -41,9 +43,11 @@ __all__ = ["main"]
 _HOLD_SECONDS = 0.002
 
 
-def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int]) -> None:
+def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int],
+         entropy: tuple[int, ...] = ()) -> None:
     """The worker's entry point; ``job`` is the pickled (or, forked, the inherited) tuple
-    ``(streams, rows_of, job, mask_key, workers, keep, steps)``."""
+    ``(streams, rows_of, job, mask_key, workers, keep, steps)``; ``entropy`` what this
+    worker's process-global generators are seeded from (see :class:`GlobalSeeds`)."""
     # Ctrl-C reaches the whole process group: the consumer handles it and closes the loader.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
@@ -63,10 +67,12 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int]) -> N
     try:
         if isinstance(job, bytes):
             job = pickle.loads(job)
+        seeds = GlobalSeeds(entropy)
         streams, rows_of, work, mask_key, workers, keep, steps = job
         torch = sys.modules.get("torch")
         if torch is not None:  # as torch's own workers: one intra-op thread per worker
             torch.set_num_threads(1)
+        seeds.seed()
         builder = Builder(streams, rows_of, work, workers, mask_key)
     except BaseException as e:  # e.g. a transform this interpreter cannot import
         try:
@@ -112,6 +118,67 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int]) -> N
             held = b""
     finally:
         sock.close()
+
+
+class GlobalSeeds:
+    """Seeds this worker's process-global generators -- Python's ``random``, NumPy's legacy
+    ``np.random``, and torch's default generator -- from ``entropy`` (the loader's seed, pass,
+    start step, shard and this worker's index), as torch's DataLoader seeds its workers.
+    Without it, forked workers inherit the consumer's NumPy and torch state and forkserver
+    workers the server's (torch starts from one fixed seed in every fresh process), so every
+    worker would draw the same "random" augmentations in turn. torch is seeded when it is
+    imported already, else as it is imported (a transform may import it lazily), before any
+    draw. (Results that draw from ``ctx`` do not depend on this: they are exact whichever
+    worker builds a step.)"""
+
+    def __init__(self, entropy: tuple[int, ...]) -> None:
+        import numpy as np  # loaded already: the builder needs it
+
+        state = np.random.SeedSequence(list(entropy)).generate_state(3, np.uint64)
+        self.python, self.numpy, self.torch = (int(v) for v in state)
+
+    def seed(self) -> None:
+        import random
+
+        import numpy as np
+
+        random.seed(self.python)
+        np.random.seed(self.numpy % (1 << 32))
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(torch, "manual_seed"):
+            self.seed_torch(torch)
+        else:
+            sys.meta_path.insert(0, _SeedTorchOnImport(self))
+
+    def seed_torch(self, torch: Any) -> None:
+        torch.manual_seed(self.torch % (1 << 63))
+
+
+class _SeedTorchOnImport(importlib.abc.MetaPathFinder):
+    """Seeds torch's default generator right after ``import torch`` runs its module: finds
+    torch's spec through the other finders once (then leaves ``sys.meta_path``) and wraps its
+    loader's ``exec_module``."""
+
+    def __init__(self, seeds: GlobalSeeds) -> None:
+        self.seeds = seeds
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+        seeds = self.seeds
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            seeds.seed_torch(module)
+
+        loader.exec_module = exec_module
+        return spec
 
 
 def _exit_when_orphaned(fd: int) -> None:
