@@ -40,6 +40,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # The checkout's package (and its native module) on the path, as `maturin develop` does.
     site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
     echo "$ROOT/python" > "$site/loaderx-checkout.pth"
+    # ... and its console script, as pip writes it for [project.scripts].
+    printf '#!%s\nimport sys\nfrom loaderx.cli import main\nsys.exit(main())\n' \
+        "$VENV/bin/python" > "$VENV/bin/loaderx"
+    chmod +x "$VENV/bin/loaderx"
     echo "$want" > "$stamp"
 fi
 "$VENV/bin/python" -c 'import sys, loaderx._native; print("system interpreter:", sys.version.split()[0], loaderx._native.__file__)'
