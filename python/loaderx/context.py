@@ -10,7 +10,15 @@ another number of hosts or workers, augments every record exactly as the uninter
   on every shard, for decisions shared by the whole global batch (a mixup weight, a resolution);
 * ``ctx.record_seeds`` / ``ctx.record_rngs()`` -- one seed (a uint64) or Generator per row,
   from ``(seed, step, the row's position in the global batch)``: a record is augmented alike
-  whichever shard or worker builds it.
+  whichever shard or worker builds it;
+* ``ctx.torch_generator()`` -- a ``torch.Generator`` of the batch, for code that takes one
+  (``torch.rand(..., generator=g)``): exact in every worker mode;
+* ``ctx.seed_torch()`` -- seeds torch's *process-global* generator for the batch, which is what
+  ``torchvision.transforms.v2``'s random transforms draw from: exact in process workers, where
+  each worker has that generator to itself. In thread workers (and ``num_workers=0``) the
+  generator is the training loop's and every worker's at once, so no seeding can make it exact;
+  there ``seed_torch`` refuses, and the recipe is to draw the parameters from ``ctx`` and apply
+  them with ``torchvision.transforms.v2.functional`` (see the README's augmentation recipes).
 
 >>> import numpy as np
 >>> ctx = BatchContext(step=3, seed=7, pass_id=None, shard_index=1, shard_count=2,
@@ -29,18 +37,31 @@ pass never repeats the endless loader's numbers. ``rng`` is ``np.random.default_
 SeedSequence. ``record_seeds[i]`` is output number ``rows[i] + 1`` of SplitMix64 started at
 ``key.generate_state(1, np.uint64)[0]`` (one vectorized NumPy expression, distinct for distinct
 rows of a step), and ``record_rngs()[i]`` is ``np.random.default_rng(record_seeds[i])``.
+The torch seed of ``torch_generator()`` and ``seed_torch()`` is ``SeedSequence(key.entropy,
+spawn_key=(1,)).generate_state(1, np.uint64)[0]`` modulo 2**63.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from loaderx.errors import LoaderxValueError
 from loaderx.sampler import normalize_seed
 
-__all__ = ["BatchContext"]
+__all__ = ["BatchContext", "mark_worker_process"]
+
+#: Whether this process is a loader worker process (``worker_mode="process"``), whose
+#: process-global generators are its own: set there by :func:`mark_worker_process`.
+_in_worker_process = [False]
+
+
+def mark_worker_process() -> None:
+    """Called by a worker process as it starts (see ``BatchContext.seed_torch``)."""
+    _in_worker_process[0] = True
 
 _STREAM_ENDLESS = 0
 _STREAM_PASS = 1
@@ -101,6 +122,43 @@ class BatchContext:
     def record_rngs(self) -> list[np.random.Generator]:
         """One fresh generator per row, ``np.random.default_rng(record_seeds[i])``."""
         return [np.random.default_rng(int(s)) for s in self.record_seeds]
+
+    @functools.cached_property
+    def torch_seed(self) -> int:
+        """The batch's torch seed, from ``(seed, step)`` (see the module documentation)."""
+        key = np.random.SeedSequence(self._key.entropy, spawn_key=(1,))
+        return int(key.generate_state(1, np.uint64)[0]) % (1 << 63)
+
+    def torch_generator(self, device: str = "cpu") -> Any:
+        """A fresh ``torch.Generator`` on ``device`` seeded with :attr:`torch_seed`: for
+        draws that take a generator (``torch.rand(..., generator=g)``, ``torch.randperm``),
+        exact in thread and process workers alike."""
+        import torch
+
+        generator = torch.Generator(device=device)
+        generator.manual_seed(self.torch_seed)
+        return generator
+
+    def seed_torch(self) -> None:
+        """Seeds torch's process-global generator with :attr:`torch_seed`, so that the random
+        transforms of ``torchvision.transforms.v2`` -- which draw from that generator -- give
+        the same augmentation of this batch whichever worker builds it, on resume too. Call it
+        at the start of the transform, then run the pipeline over the batch's samples in order.
+
+        Only in a worker process (``worker_mode="process"``): in thread workers and with
+        ``num_workers=0`` that generator is shared with the training loop and every other
+        worker, and this refuses (LoaderxValueError)."""
+        if not _in_worker_process[0]:
+            raise LoaderxValueError(
+                "ctx.seed_torch() seeds torch's process-global generator, which in thread "
+                "workers (and with num_workers=0) the training loop and every other worker "
+                "share: no seeding can make their draws exact there, and it would reseed the "
+                "training loop's own. Use worker_mode='process', or draw the augmentation's "
+                "parameters from ctx.rng / ctx.record_rngs() (or ctx.torch_generator()) and "
+                "apply them with torchvision.transforms.v2.functional")
+        import torch
+
+        torch.manual_seed(self.torch_seed)
 
     def __repr__(self) -> str:
         where = "endless" if self.pass_id is None else f"pass {self.pass_id}"

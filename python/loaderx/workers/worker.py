@@ -28,6 +28,7 @@ import time
 import traceback
 from typing import Any
 
+from loaderx import context
 from loaderx._batch import Builder
 from loaderx.errors import LoaderxTypeError
 from loaderx.workers import channel
@@ -48,6 +49,7 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int],
     """The worker's entry point; ``job`` is the pickled (or, forked, the inherited) tuple
     ``(streams, rows_of, job, mask_key, workers, keep, steps)``; ``entropy`` what this
     worker's process-global generators are seeded from (see :class:`GlobalSeeds`)."""
+    context.mark_worker_process()  # ctx.seed_torch() may seed this process's generator
     # Ctrl-C reaches the whole process group: the consumer handles it and closes the loader.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
