@@ -34,7 +34,18 @@ per batch, what a batch costs whatever the load from elsewhere. Tables:
   so growth per worker is the figure to read; under fork the consumer's USS also rises as the
   pages it shared become its own when a worker copies them;
 * default worker count -- the thread loader with the augment transform for
-  ``num_workers=None`` (the default) and 1, 2, 4.
+  ``num_workers=None`` (the default) and 1, 2, 4;
+* start-up -- a torchvision transform whose module imports torch and torchvision at the top
+  (``_bench_vision.py``, the torchvision table's pipeline, batch 128), in a fresh interpreter
+  per row that has imported torch already, as a training script has: seconds from making the
+  loader (torch: ``iter(loader)``) to its first batch, and the PSS of every process it runs on
+  (consumer, workers, and the fork server where there is one) after 10 batches. Rows: torch's
+  ``DataLoader`` (2 workers, its default start method: fork on Linux); loaderx with 2 worker
+  processes by ``fork``, by ``forkserver`` with the first ``next()`` at once after making the
+  loader (the server's import of torch in the way), by ``forkserver`` with 5 s between making
+  the loader and the first ``next()`` (the time a script takes to build its model: the server,
+  started as the loader is made, imports meanwhile), and a second loader in the same process
+  (the server running already, as for every ``epoch()`` pass).
 
 ``--quick`` runs everything once with few batches: a smoke check, not figures.
 """
@@ -575,7 +586,92 @@ What the ratios mean (on any machine):
 """
 
 
-TABLES = ("augment", "identity", "torchvision", "memory", "workers")
+def pss_mib(pids: list[int]) -> float:
+    return sum(smaps(pid)["pss"] for pid in pids) / 1024
+
+
+def startup_run(root: pathlib.Path, row: str) -> dict[str, Any]:
+    """One row of the start-up table, in this (fresh) interpreter."""
+    import torch
+
+    import _bench_vision
+
+    torch.set_num_threads(1)
+    if row == "torch":
+        from torch.utils.data import DataLoader as TorchLoader
+
+        loader = TorchLoader(_bench_vision.Items(str(root)), batch_size=TV_BATCH,
+                             shuffle=True, num_workers=PROCS)
+        t0 = time.perf_counter()
+        it = iter(loader)
+        next(it)
+        first = time.perf_counter() - t0
+        for _ in range(10):
+            next(it)
+        memory = pss_mib([os.getpid(), *(w.pid for w in it._workers)])  # private API
+        del it
+        return {"first_s": first, "pss_mib": memory}
+    from multiprocessing import forkserver
+
+    from loaderx import DataLoader, DenseDataset
+
+    def streams() -> dict[str, Any]:
+        return {"image": DenseDataset(root / "tv-image"), "label": DenseDataset(root / "tv-label")}
+
+    method = "fork" if row == "fork" else None
+    gap = 5.0 if row == "forkserver, 5 s later" else 0.0
+    if row == "forkserver, second loader":
+        with DataLoader(streams(), batch_size=TV_BATCH, num_workers=PROCS, worker_mode="process",
+                        transform=_bench_vision.augment) as first_loader:
+            next(first_loader)
+    t0 = time.perf_counter()
+    loader = DataLoader(streams(), batch_size=TV_BATCH, num_workers=PROCS, worker_mode="process",
+                        start_method=method, transform=_bench_vision.augment)
+    if gap:
+        time.sleep(gap)
+        t0 += gap
+    next(loader)
+    first = time.perf_counter() - t0
+    for _ in range(10):
+        next(loader)
+    server: Any = forkserver._forkserver  # private, but in every 3.x
+    pids = [os.getpid(), *loader.worker_pids]
+    if loader.start_method == "forkserver" and server._forkserver_pid:
+        pids.append(server._forkserver_pid)
+    memory = pss_mib(pids)
+    loader.close()
+    return {"first_s": first, "pss_mib": memory}
+
+
+STARTUP_ROWS = ("torch", "fork", "forkserver, at once", "forkserver, 5 s later",
+                "forkserver, second loader")
+
+
+def startup_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
+    if (why := has("torchvision")) is not None:
+        print(f"\n(start-up table skipped: torchvision does not import: {why})")
+        return
+    if not (root / "tv-image").exists():
+        make_tv_data(root)
+    got: dict[str, list[dict[str, Any]]] = {row: [] for row in STARTUP_ROWS}
+    for _ in range(repeats):
+        for row in STARTUP_ROWS:
+            r = subprocess.run([sys.executable, str(SCRIPTS / "bench_workers.py"), "--startup",
+                                str(root), row], capture_output=True, text=True, check=True)
+            got[row].append(json.loads(r.stdout.strip().splitlines()[-1]))
+    first = {row: statistics.median(g["first_s"] for g in got[row]) for row in STARTUP_ROWS}
+    memory = {row: statistics.median(g["pss_mib"] for g in got[row]) for row in STARTUP_ROWS}
+    print(f"\n### Start-up with a torchvision transform ({PROCS} worker processes, batch "
+          f"{TV_BATCH}; medians of {repeats}, rows interleaved, each in a fresh interpreter)\n")
+    print("| loader | first batch s | vs torch | PSS MiB (all its processes) | vs fork |")
+    print("|---|---:|---:|---:|---:|")
+    for row in STARTUP_ROWS:
+        name = row if row == "torch" else f"loaderx, {row}"
+        print(f"| {name} | {first[row]:.2f} | {first[row] / first['torch']:.1f}x "
+              f"| {memory[row]:,.0f} | {memory[row] / memory['fork']:.2f}x |")
+
+
+TABLES = ("augment", "identity", "torchvision", "memory", "workers", "startup")
 
 
 def main(repeats: int = 5, quick: bool = False, tables: tuple[str, ...] = TABLES) -> None:
@@ -608,6 +704,9 @@ def main(repeats: int = 5, quick: bool = False, tables: tuple[str, ...] = TABLES
 
 
 def cli() -> None:
+    if sys.argv[1:2] == ["--startup"]:
+        print(json.dumps(startup_run(pathlib.Path(sys.argv[2]), sys.argv[3])))
+        return
     if sys.argv[1:2] == ["--memory"]:
         root, method, kind, batches = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
         print(json.dumps(memory_run(pathlib.Path(root), method, kind == "lookup", batches)))

@@ -1146,6 +1146,47 @@ def stop(child: subprocess.Popen, below: set[int], gate: pathlib.Path) -> None:
 # -- start methods ------------------------------------------------------------------------------
 
 
+PRELOAD_PROBE = """
+import os
+IMPORTED_BY = os.getpid()
+
+
+def where(batch):
+    return {"y": batch["y"], "preloaded": IMPORTED_BY != os.getpid()}
+"""
+
+PRELOADED = """
+import json, os, sys
+sys.path.insert(0, sys.argv[2])  # the transform's module lies beside the "script", not in cwd
+import probe_transform
+from loaderx import DataLoader, DenseDataset
+from multiprocessing import forkserver
+streams = {"y": DenseDataset(os.path.join(sys.argv[1], "y"))}
+loader = DataLoader(streams, batch_size=6, num_workers=2, worker_mode="process",
+                    transform=probe_transform.where)
+server_at_construction = forkserver._forkserver._forkserver_pid is not None
+with loader:
+    batches = [next(loader) for _ in range(4)]
+print(json.dumps({"method": loader.start_method, "server": server_at_construction,
+                  "preloaded": [bool(b["preloaded"]) for b in batches]}))
+"""
+
+
+def test_the_fork_server_imports_the_transforms_module_once(root, tmp_path):
+    """forkserver workers start with the transform's module (and what it imports: torch,
+    torchvision) imported by the server, started as the loader is made -- not imported again
+    by every worker -- even when the module is found only through the consumer's sys.path."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "probe_transform.py").write_text(PRELOAD_PROBE)
+    (tmp_path / "cwd").mkdir()
+    r = subprocess.run([sys.executable, "-c", PRELOADED, str(root), str(tmp_path / "mods")],
+                       capture_output=True, text=True, timeout=HANG, env=ENV,
+                       cwd=tmp_path / "cwd")
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"method": "forkserver", "server": True, "preloaded": [True] * 4}
+
+
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_each_start_method_gives_the_same_batches(root, method):
     want = reference(mixed(root), 5, transform=helpers.augment, seed=11)

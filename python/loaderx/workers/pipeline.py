@@ -39,6 +39,7 @@ import pickle
 import select
 import signal
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -49,7 +50,7 @@ from typing import Any
 from loaderx._batch import Failure
 from loaderx._window import Window
 from loaderx.errors import LoaderClosedError, RemoteTraceback, WorkerError
-from loaderx.workers import channel, start, worker
+from loaderx.workers import channel, server_preload, start, worker
 from loaderx.workers.layout import Loan, Maps, decode, decode_flat
 from loaderx.workers.mapping import Mapping
 
@@ -171,6 +172,11 @@ class ProcessPipeline(Window):
         # Every worker's socket and process sentinel, and the wake-up pipe.
         self.poller = select.epoll()  # registered once: cheaper per wait than poll()
         self.poller.register(self.wake_read, select.EPOLLIN)
+        if start.likely_forkserver(start_method, self.transform):
+            # Now rather than at the first next(): the server imports the transform's module
+            # (torch, torchvision: seconds) while the caller builds the rest of its training,
+            # and spawning it returns at once.
+            _preload_forkserver(multiprocessing.get_context("forkserver"), self.transform)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -248,7 +254,7 @@ class ProcessPipeline(Window):
         method, payload = start.choose(self.requested, self.job, self.transform)
         context: Any = multiprocessing.get_context(method)
         if method == "forkserver":
-            _preload_forkserver(context)
+            _preload_forkserver(context, self.transform)
         forked = method == "fork"
         # What a forked worker closes of the consumer's: the pipe, the epoll instance (shared
         # across fork) and the consumer's ends of the sockets made so far.
@@ -563,15 +569,38 @@ def _drain(fd: int) -> None:
         return
 
 
-def _preload_forkserver(context: Any) -> None:
-    """Has the fork server import NumPy and loaderx once, so that each worker forked from it
-    starts with them imported -- unless the server already runs, or the application chose its
-    own preload list."""
+def _preload_forkserver(context: Any, transform: Any) -> None:
+    """Starts the fork server with NumPy, loaderx and the module the transform lives in (and
+    so what that imports: torch, torchvision, a tokenizer) imported once, so that each worker
+    forked from it starts with them and shares their pages with the server, instead of
+    importing them again, each, in parallel (see :mod:`loaderx.workers.server_preload`) --
+    unless the server already runs, or the application chose its own preload list."""
     try:
         from multiprocessing import forkserver
 
         server: Any = forkserver._forkserver  # private, but in every 3.x
-        if server._forkserver_pid is None and server._preload_modules == ["__main__"]:
-            context.set_forkserver_preload(["__main__", "numpy", "loaderx"])
+        if server._forkserver_pid is not None or server._preload_modules != ["__main__"]:
+            return
     except AttributeError:
         return
+    context.set_forkserver_preload(["__main__", "numpy", "loaderx",
+                                    "loaderx.workers.server_preload"])
+    os.environ[server_preload.PRELOAD_VARIABLE] = server_preload.describe(
+        _modules_of(transform))
+    try:
+        forkserver.ensure_running()  # the server reads the variable as it starts
+    finally:
+        os.environ.pop(server_preload.PRELOAD_VARIABLE, None)
+
+
+def _modules_of(transform: Any) -> list[str]:
+    """The importable module a transform (a function, a callable object, a partial) is defined
+    in; none for ``__main__`` (preloaded as the main module) or a builtin."""
+    target = getattr(transform, "func", transform)  # functools.partial
+    module = getattr(target, "__module__", None)
+    if not isinstance(module, str):
+        module = getattr(type(target), "__module__", None)
+    if not isinstance(module, str) or module in ("__main__", "builtins") \
+            or module not in sys.modules:
+        return []
+    return [module]

@@ -28,7 +28,7 @@ from typing import Any
 
 from loaderx.errors import LoaderxTypeError, LoaderxValueError
 
-__all__ = ["METHODS", "choose", "default_workers", "usable_cores"]
+__all__ = ["METHODS", "choose", "default_workers", "likely_forkserver", "usable_cores"]
 
 METHODS = ("fork", "forkserver", "spawn")
 
@@ -63,6 +63,17 @@ def _not_importable(transform: Any) -> bool:
         return False
     path = getattr(sys.modules.get("__main__"), "__file__", None)
     return path is None or not os.path.isfile(path)  # a session, a notebook, or `python -`
+
+
+def likely_forkserver(requested: Any, transform: Any) -> bool:
+    """Whether the workers will most likely come from the fork server, known without pickling
+    anything (a transform that turns out not to pickle falls back to fork: the server then
+    started for nothing)."""
+    if requested == "forkserver":
+        return True
+    return (requested is None or requested == "auto") \
+        and "forkserver" in multiprocessing.get_all_start_methods() \
+        and not _not_importable(transform)
 
 
 def choose(requested: Any, job: tuple[Any, ...], transform: Any) -> tuple[str, bytes | None]:
