@@ -172,8 +172,11 @@ def prefetch_to_torch(batches: Iterable[Any], device: Any, size: int = 2) -> Pre
         return Prefetcher(batches, to_torch, size=1)
     if device.type != "cuda":
         def move(value: Any) -> Any:
+            # A blocking copy: a non-blocking one from pageable memory may still be reading
+            # the batch's buffer when the loader takes it back for another batch (the CUDA
+            # path below copies into pinned memory of its own first).
             tensor = _as_tensor(torch, value)
-            return tensor.to(device, non_blocking=True) if torch.is_tensor(tensor) else tensor
+            return tensor.to(device) if torch.is_tensor(tensor) else tensor
 
         return Prefetcher(batches, functools.partial(_map_arrays, fn=move), size)
     return _CudaCopies(torch, device).prefetcher(batches, size)
