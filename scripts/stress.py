@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The heavy versions of the reliability tests: ``python scripts/stress.py [--kills N]
 [--fuzz-cases N] [--race-seconds S] [--mp-seconds S] [--mp-readers N] [--seed S]
-[--edge-kills N] [--only kills|race|fuzz|mp|edges]``.
+[--edge-kills N] [--resume-rounds N] [--only kills|race|fuzz|mp|edges]``.
 
 * SIGKILL loops through the store API and through the converters (``--kills`` each), and
   during compaction (``--kills / 5``);
@@ -9,8 +9,10 @@
 * the mutation fuzzer (``scripts/fuzz_store.py``) for ``--fuzz-cases`` cases;
 * issue 19's edges (``scripts/stress_edges.py``): ``--edge-kills`` SIGKILLs of repeated
   ``overwrite=True`` conversions, forks while a parent thread is inside a native call, resumes
-  through prefetchers of every size, padded sharded passes, and the archive fuzzer
-  (``scripts/fuzz_archive.py``) for ``--fuzz-cases / 50`` cases;
+  through prefetchers of every size, padded sharded passes, ``--resume-rounds`` rounds of
+  resumable Parquet conversions SIGKILLed at random steps and resumed (exactly the files' rows,
+  no finished part converted twice), and the archive fuzzer (``scripts/fuzz_archive.py``) for
+  ``--fuzz-cases / 50`` cases;
 * many processes on one store (``--mp-seconds``): ``--mp-readers`` reader processes verify
   every record they gather while one writer process appends, deletes and compacts, and another
   process keeps trying to write (and must be refused every time).
@@ -254,6 +256,8 @@ def edges(args: argparse.Namespace) -> None:
                 tmp, args.edge_kills, args.seed)),
             ("padded sharded passes", lambda: se.sharded_pass_loop(
                 tmp, max(1, args.edge_kills // 4), args.seed)),
+            ("SIGKILL during resumable conversions", lambda: se.resume_kill_loop(
+                tmp, args.resume_rounds, args.seed)),
         ):
             t = time.perf_counter()
             print(f"{what}: {run()} in {time.perf_counter() - t:.0f} s", flush=True)
@@ -277,6 +281,8 @@ def main() -> None:
     parser.add_argument("--mp-seconds", type=float, default=60.0)
     parser.add_argument("--mp-readers", type=int, default=4)
     parser.add_argument("--edge-kills", type=int, default=200)
+    parser.add_argument("--resume-rounds", type=int, default=10,
+                        help="rounds of killed and resumed Parquet conversions (~4 s each)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=["kills", "race", "fuzz", "mp", "edges"],
                         help="run one part alone (default: all, in this order)")

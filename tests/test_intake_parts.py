@@ -216,3 +216,56 @@ def test_parts_past_one_stores_chunks_are_joined_in_groups(tmp_path, monkeypatch
     assert assemble(tmp_path / "ds", 7) == n
     assert [p.rows for p in read_manifest(tmp_path / "ds").parts] == [15, 15, 5]
     _check_rows(tmp_path / "ds", n)
+
+
+@pytest.mark.parametrize("join", [True, False])
+def test_parts_on_another_file_system_are_copied_in(tmp_path, join):
+    """``<dst>.parts`` a link to a directory on another file system (as a mount point would
+    be): no hard link nor rename reaches the parts, so they are copied beside dst -- holes kept
+    -- and joined (or kept as parts) from the copies; the originals go once dst is published."""
+    from _other_fs import blocks_of, other_file_system
+    from loaderx.intake import read_manifest
+    from loaderx.intake.parts import assemble, parts_dir
+    from loaderx.verifying import verify
+
+    with other_file_system(tmp_path) as far:
+        dst = tmp_path / "ds"
+        os.symlink(far, parts_dir(dst))
+        n = _write_parts(dst, [40, 0, 25, 300])
+        assert assemble(dst, 4, join=join) == n
+        _check_rows(dst, n)
+        m = read_manifest(dst)
+        if join:
+            assert m.parts == ()  # one store per column, as on one file system
+        else:
+            assert [p.rows for p in m.parts] == [40, 0, 25, 300]
+        meta = [os.path.join(d, "meta.zr") for d, _, names in os.walk(dst) if "meta.zr" in names]
+        assert meta and all(os.path.getsize(f) >= 64 << 20 for f in meta)
+        # The copies kept their holes: a store's meta.zr is a large file of a few pages.
+        assert all(blocks_of(f) < os.path.getsize(f) // 16 for f in meta)
+        # Copies, not links: every chunk file of dst has one name.
+        assert all(os.stat(os.path.join(d, f)).st_nlink == 1
+                   for d, _, names in os.walk(dst) for f in names)
+        assert verify(dst)["ok"]
+        assert os.listdir(far) == []  # the parts were removed once dst was published
+        assert sorted(os.listdir(tmp_path)) == ["ds", "ds.parts"]  # the link stays, empty
+
+
+@pytest.mark.parametrize("join", [True, False])
+def test_a_part_of_more_rows_than_one_store_holds_counts_as_its_parts(tmp_path, monkeypatch,
+                                                                       join):
+    """A partition of more rows than one store holds is written as a part with parts of its
+    own (as any conversion past 2^24 rows); assembling takes its parts in order. The limit is
+    lowered to 30 rows here to keep the data small."""
+    from loaderx.intake import directory, joining, read_manifest
+    from loaderx.intake.parts import assemble, parts_dir
+
+    monkeypatch.setattr(directory, "MAX_RECORDS", 30)
+    monkeypatch.setattr(joining, "MAX_RECORDS", 30)
+    n = _write_parts(tmp_path / "ds", [10, 70, 5])
+    assert len(read_manifest(os.path.join(parts_dir(tmp_path / "ds"), "00001")).parts) == 3
+    assert assemble(tmp_path / "ds", 3, join=join) == n
+    _check_rows(tmp_path / "ds", n)
+    rows = [p.rows for p in read_manifest(tmp_path / "ds").parts]
+    assert rows == ([10, 30, 30, 15] if join else [10, 30, 30, 10, 5])
+    assert sorted(os.listdir(tmp_path)) == ["ds"]

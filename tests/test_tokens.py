@@ -140,3 +140,32 @@ def test_a_concatenation_of_packed_views_names_the_fix(tmp_path):
         ConcatDataset([view, view])
     with pytest.raises(LoaderxTypeError, match="must be a dataset path"):
         ConcatDataset([object()])
+
+
+@pytest.mark.parametrize("append", [True, None])
+def test_an_append_with_another_end_token_is_refused(tmp_path, append):
+    """One corpus, one end token: documents cut at another token would be packed back with
+    the corpus's (``pack(eos_id=schema["end_token"])``), so such an append is refused before
+    anything is written, naming the corpus's end token; the same token appends."""
+    import warnings
+
+    stream = np.array([5, 6, EOS, 8, EOS], np.uint16)
+    assert from_token_stream(tmp_path / "c", stream, EOS, progress=False) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", loaderx.errors.AppendWarning)
+        with pytest.raises(LoaderxValueError, match=f"end at token {EOS} .*eos_id={EOS}"):
+            from_token_stream(tmp_path / "c", np.array([9, 3, 9], np.uint16), 3,
+                              append=append, progress=False)
+        docs = RaggedDataset(tmp_path / "c")
+        assert docs.schema["end_token"] == EOS and len(docs) == 2
+        assert from_token_stream(tmp_path / "c", stream, EOS, append=append,
+                                 progress=False) == 2
+    docs = RaggedDataset(tmp_path / "c")
+    assert docs.schema["end_token"] == EOS and len(docs) == 4
+    # A new corpus in its place may have another end token.
+    assert from_token_stream(tmp_path / "c", np.array([9, 3, 9], np.uint16), 3,
+                             overwrite=True, progress=False) == 2
+    assert RaggedDataset(tmp_path / "c").schema["end_token"] == 3
+    with pytest.raises(LoaderxValueError, match="contradicts the end token"):
+        from_token_stream(tmp_path / "d", stream, EOS, schema={"end_token": 3})
+    assert not (tmp_path / "d").exists()

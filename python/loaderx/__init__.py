@@ -56,7 +56,9 @@ from loaderx.frameworks import (  # each imports torch or JAX only when called
     torch_batches,
 )
 from loaderx.intake import (
+    append_dataset,
     decode_strings,
+    delete_rows,
     from_arrow,
     from_image_folder,
     from_token_stream,
@@ -78,5 +80,6 @@ __all__ = [
     "single_process", "split", "to_torch", "torch_batches", "torch_process_shard",
     "__version__",
     "decode_strings", "from_arrow", "open_dataset",  # loaderx.intake
-    "from_image_folder", "from_token_stream", "from_webdataset",
+    "from_image_folder", "from_token_stream", "from_webdataset", "append_dataset",
+    "delete_rows",
 ]

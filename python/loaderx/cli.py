@@ -5,6 +5,8 @@ Commands::
     loaderx info STORE [--json]       what a store or dataset holds
     loaderx convert INPUT.npy OUT [--codec zstd] [--checksums] [--overwrite] ...
     loaderx convert 'data/*.parquet' OUT [--columns a,b]   a table as a dataset directory
+    loaderx convert data.arrow OUT    Arrow IPC files (file or stream format), or a Hugging
+                                      Face save_to_disk directory, likewise
     loaderx verify STORE [--json]     decode every record, check checksums; exit 1 on damage
     loaderx verify DIR [--json]       ... of every column's store of a dataset directory, and
                                       that each is what the manifest says (exit 3 if not)
@@ -39,9 +41,11 @@ Errors print one line to stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -177,7 +181,7 @@ def _row_stats(z: Any, s: Any) -> dict[str, float]:
 def cmd_convert(args: argparse.Namespace) -> int:
     from loaderx.converter import from_numpy
 
-    if _is_parquet(args.input):
+    if _is_table(args.input, sniff=args.split_at is None):
         return _convert_parquet(args)
     if args.resume:
         raise _UsageError("--resume is for Parquet files (one part per file); other inputs "
@@ -277,10 +281,8 @@ def _files_source(given: str) -> Any:
 
 
 def _files_options(args: argparse.Namespace, what: str) -> dict[str, Any]:
-    if args.append:
-        raise _UsageError(f"--append is not available for {what}: convert into a new "
-                          "directory (or --overwrite)")
-    return {"codec": args.codec or "raw", "overwrite": args.overwrite,
+    # --append: onto the dataset at OUT, every column at once (loaderx.intake.growing).
+    return {"codec": args.codec or "raw", "overwrite": args.overwrite, "append": args.append,
             "checksums": args.checksums, "workers": args.workers,
             "progress": None if args.progress == "auto" else args.progress == "on"}
 
@@ -304,6 +306,8 @@ def _convert_image_folder(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore", SkippedFilesWarning)
         r = from_image_folder(args.out, args.input, strict=args.strict, **options)
     empty = f", {len(r['empty_classes'])} without images" if r["empty_classes"] else ""
+    if "appended" in r:
+        empty += f"; {r['appended']} appended, {len(r['new_classes'])} new classes"
     print(f"{args.out}: {r['rows']} images in {len(r['classes'])} classes{empty} "
           f"({_size(r['bytes'])}; columns image, label, path)")
     _print_skipped(r)
@@ -330,24 +334,31 @@ def _convert_webdataset(args: argparse.Namespace) -> int:
 # -- convert and info: Parquet tables and dataset directories (loaderx.intake) --------------------
 
 
-def _is_parquet(given: str) -> bool:
-    """Whether ``loaderx convert`` got Parquet: a .parquet path or glob (``'data/*.parquet'``,
-    quoted so that the shell leaves it alone)."""
-    return given.endswith(".parquet")
+def _is_table(given: str, sniff: bool = True) -> bool:
+    """Whether ``loaderx convert`` got a table: a Parquet or Arrow IPC path or glob
+    (``'data/*.parquet'``, ``'data/*.arrow'``, quoted so that the shell leaves it alone), a
+    file that begins as one of them does (unless it is a token stream: ``sniff=False``), or a
+    Hugging Face ``save_to_disk`` directory (a ``DatasetDict``'s too, which from_arrow refuses
+    naming its splits)."""
+    from loaderx.intake import _arrow_files as af
+
+    if given.endswith((".parquet",) + af.IPC_SUFFIXES):
+        return True
+    if os.path.isdir(given):
+        return af.is_hf_directory(given) or af.is_hf_dataset_dict(given)
+    return sniff and af.sniff(given) is not None
 
 
 def _convert_parquet(args: argparse.Namespace) -> int:
+    """A table: Parquet or Arrow IPC files, or a Hugging Face dataset directory."""
     from loaderx.intake.directory import read_manifest
     from loaderx.intake.tables import from_arrow
 
-    if args.append:
-        raise _UsageError("--append is not available for Parquet: convert into a new "
-                          "directory (or --overwrite)")
     columns = [c for c in args.columns.split(",") if c] if args.columns else None
     n = from_arrow(args.out, args.input, columns=columns, codec=args.codec or "zstd",
                    overwrite=args.overwrite, chunk_bytes=args.chunk_bytes,
                    progress=None if args.progress == "auto" else args.progress == "on",
-                   checksums=args.checksums, resume=args.resume)
+                   checksums=args.checksums, resume=args.resume, append=args.append)
     names = ", ".join(c.name for c in read_manifest(args.out).columns)
     print(f"{args.out}: {n} rows; columns {names}")
     return EXIT_OK
@@ -608,10 +619,11 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(run=cmd_info)
 
-    conv = sub.add_parser("convert", help="write a .npy array, an image folder or WebDataset "
-                                          "shards as a dataset")
+    conv = sub.add_parser("convert", help="write a .npy array, a table, an image folder or "
+                                          "WebDataset shards as a dataset")
     conv.add_argument("input", help="a .npy file (memory-mapped, never loaded whole); a token "
-                      "stream with --split-at; an image "
+                      "stream with --split-at; Parquet or Arrow IPC files (.arrow, .feather: "
+                      "either IPC format) or a Hugging Face save_to_disk directory; an image "
                       "folder (one folder per class); WebDataset shards (a .tar path, glob or "
                       "brace pattern such as 'shards-{000..099}.tar', quoted)")
     conv.add_argument("out", help="the dataset directory (must not hold one, unless --append "
@@ -633,7 +645,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="pieces for long documents (default: 1 MiB raw, 4 KiB zstd)")
     what = conv.add_mutually_exclusive_group()
     what.add_argument("--append", action="store_true",
-                      help="add the records to an existing dataset of the same dtype and shape")
+                      help="add the records to an existing dataset of the same dtype and shape "
+                      "(an image folder, shards or a table: to a dataset directory of the same "
+                      "columns, every column at once, class names matched)")
     what.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     conv.add_argument("--progress", choices=["auto", "on", "off"], default="auto",
                       help="progress bar on stderr (tqdm's when installed; auto: when a terminal)")
@@ -651,7 +665,8 @@ def _parser() -> argparse.ArgumentParser:
     files.add_argument("--label", default=None, metavar="EXT",
                        help="shards: also write this extension's integers (e.g. cls) as the "
                        "int64 column label")
-    tables = conv.add_argument_group("Parquet tables (INPUT: a .parquet path or quoted glob)")
+    tables = conv.add_argument_group("tables (INPUT: Parquet or Arrow IPC files -- a path or a "
+                                     "quoted glob -- or a Hugging Face save_to_disk directory)")
     tables.add_argument("--columns", default=None, metavar="NAME,NAME",
                         help="the columns to convert, in this order (default: all)")
     tables.add_argument("--resume", action="store_true",
@@ -735,11 +750,26 @@ def exit_status(error: BaseException) -> int:
 def _one_line(error: BaseException) -> str:
     # The library's hints name its keyword; here the user typed a flag.
     text = " ".join(str(error).split()).replace("overwrite=True", "--overwrite")
+    text = re.sub(r"\bcolumns=(\[[^\]]*\])?", _columns_flag, text)
     status = exit_status(error)
     if status == EXIT_INTERNAL:
         return (f"internal error (a bug in loaderx; please report it with this command): "
                 f"{type(error).__name__}: {text}")
     return f"{type(error).__name__}: {text}"
+
+
+def _columns_flag(match: re.Match[str]) -> str:
+    """``columns=['a', 'b.c']`` in a library hint as the flag: ``--columns a,b.c``."""
+    if match.group(1) is None:
+        return "--columns"
+    try:
+        names = ast.literal_eval(match.group(1))
+    except (ValueError, SyntaxError):
+        return match.group(0)
+    if not isinstance(names, list) or not all(isinstance(n, str) and "," not in n
+                                              for n in names):
+        return match.group(0)
+    return "--columns " + ",".join(names)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

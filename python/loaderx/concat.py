@@ -42,6 +42,7 @@ from loaderx.dataset import (
 )
 from loaderx.errors import (
     DatasetError,
+    LoaderxError,
     LoaderxTypeError,
     LoaderxValueError,
 )
@@ -67,14 +68,73 @@ def _open_part(part: Any, verify_reads: bool) -> DenseDataset | RaggedDataset:
     return cls(path, verify_reads=verify_reads)
 
 
+def class_names(path: str) -> list[str] | None:
+    """The class names of the labels in the store ``path`` when it is the store of a column of
+    a dataset directory whose manifest names them (``"classes"``); None otherwise."""
+    from loaderx.intake.directory import read_manifest  # it imports this module
+    from loaderx.zrecord import dataset_column
+
+    found = dataset_column(path)
+    if found is None:
+        return None
+    try:
+        manifest = read_manifest(os.path.dirname(os.path.abspath(path)))
+    except (LoaderxError, OSError):
+        return None  # a damaged manifest: opening the dataset says what is wrong
+    store = os.path.basename(os.path.abspath(path))
+    for col in manifest.columns:
+        if col.store == store:
+            names = col.extra.get("classes")
+            return names if isinstance(names, list) else None
+    return None
+
+
+def check_class_maps(maps: Sequence[tuple[str, Any]], what: str = "a concatenation") -> None:
+    """Refuses (DatasetError) ``maps`` -- ``(where, class names or None)`` of each dataset
+    concatenated -- that number the classes differently: the same label would name another
+    class in each. Datasets without class names are not compared."""
+    named = [(where, names) for where, names in maps if names is not None]
+    for where, names in named[1:]:
+        first_where, first = named[0]
+        if list(names) == list(first):
+            continue
+        differ = [f"{k} is {a!r} there and {b!r} here"
+                  for k, (a, b) in enumerate(zip(first, names, strict=False)) if a != b][:3]
+        only = [n for n in names if n not in first][:5]
+        lacks = [n for n in first if n not in names][:5]
+        detail = "; ".join(filter(None, [
+            "label " + ", label ".join(differ) if differ else "",
+            f"only here: {only!r}" if only else "",
+            f"only there: {lacks!r}" if lacks else ""]))
+        raise DatasetError(
+            f"{where} numbers its classes {_short(names)}, {first_where} {_short(first)} "
+            f"({detail}); in {what} the same label would mean another class. Append one "
+            "dataset to the other with loaderx.intake.append_dataset(first, second), which "
+            "maps class names onto the first's numbering (new classes numbered after its own)")
+
+
+def _short(names: Sequence[Any]) -> str:
+    names = list(names)
+    return repr(names) if len(names) <= 8 else \
+        repr(names[:8])[:-1] + f", ...] ({len(names)} classes)"
+
+
 class ConcatDataset:
     """The records of ``parts`` (dataset paths, or open datasets) one after another.
 
     All parts must have the same kind, dtype and item shape (``DatasetError`` otherwise).
     ``verify_reads`` is passed to the parts opened from paths.
+
+    Parts that are the label columns of dataset directories whose manifests name the classes
+    differently (an image folder's ``label``: each folder numbers its own classes) are refused
+    with a DatasetError naming the classes that differ -- the same number would mean another
+    class in each part. :func:`loaderx.intake.append_dataset` appends one dataset to another
+    with the class names mapped onto one numbering. Parts with the same class names, or
+    without any, concatenate as they are.
     """
 
-    def __init__(self, parts: Sequence[Any], *, verify_reads: bool = False) -> None:
+    def __init__(self, parts: Sequence[Any], *, verify_reads: bool = False,
+                 _classes: Sequence[Any] | None = None) -> None:
         if isinstance(parts, (str, os.PathLike)) or not len(parts):
             raise LoaderxValueError(
                 "ConcatDataset needs a non-empty list of dataset paths or datasets")
@@ -87,6 +147,11 @@ class ConcatDataset:
                     f"{p.path} holds {type(p).__name__} {p.dtype.str}{p.item_shape} records, "
                     f"{first.path} holds {type(first).__name__} "
                     f"{first.dtype.str}{first.item_shape}; a concatenation needs one schema")
+        # The class names of each part (given by open_dataset, which read them already).
+        self._classes = list(_classes) if _classes is not None and \
+            len(_classes) == len(self._parts) else [class_names(p.path) for p in self._parts]
+        check_class_maps([(p.path, c) for p, c in zip(self._parts, self._classes, strict=True)],
+                         "a ConcatDataset")
         self.kind = "dense" if isinstance(first, DenseDataset) else "ragged"
         lengths = np.array([len(p) for p in self._parts], dtype=np.uint64)
         self._starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint64)
@@ -134,7 +199,7 @@ class ConcatDataset:
     def __reduce__(self) -> tuple[Any, ...]:
         # The parts themselves: each pickles with its own absolute path and settings (a part
         # opened by the caller keeps its verify_reads, whatever this view's flag says).
-        return (_reopen, (self._parts, self._verify_reads))
+        return (_reopen, (self._parts, self._verify_reads, self._classes))
 
     @property
     def verify_reads(self) -> bool:
@@ -244,5 +309,6 @@ class ConcatDataset:
         return _ragged_views(buf, offsets, nbytes, self.dtype, self.item_shape)
 
 
-def _reopen(parts: list[Any], verify_reads: bool) -> ConcatDataset:
-    return ConcatDataset(parts, verify_reads=verify_reads)
+def _reopen(parts: list[Any], verify_reads: bool,
+            classes: list[Any] | None = None) -> ConcatDataset:
+    return ConcatDataset(parts, verify_reads=verify_reads, _classes=classes)

@@ -21,6 +21,7 @@ See the README's "Many handles and processes" for what several handles may do at
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import re
 from typing import Any, Literal
@@ -29,7 +30,7 @@ import numpy as np
 
 from loaderx import _native
 from loaderx._convert import as_indices, as_offsets, destination_bytes, source_bytes
-from loaderx.errors import LoaderxValueError
+from loaderx.errors import DatasetError, LoaderxValueError
 
 __all__ = ["Zrecord", "Codec", "CODECS", "MAX_RECORDS", "MAX_RECORD_BYTES", "CHUNK_CAPACITY",
            "MAX_CHUNKS", "chunk_number"]
@@ -58,6 +59,54 @@ def chunk_number(name: str) -> int | None:
     if m is None or int(m.group(1)) >= MAX_CHUNKS:
         return None
     return int(m.group(1))
+
+
+#: A dataset directory's manifest (see loaderx.intake.directory), and the most of it read here.
+_MANIFEST, _MANIFEST_LIMIT = "manifest.json", 16 << 20
+
+
+def dataset_column(path: str) -> tuple[str, str] | None:
+    """``(dataset directory, column name)`` when the store ``path`` is the store of a column
+    of a dataset directory (the manifest beside it names it; in a directory of parts, the
+    dataset is the directory above ``parts/``), else None."""
+    store = os.path.abspath(path)
+    parent, base = os.path.split(store)
+    manifest = os.path.join(parent, _MANIFEST)
+    if not os.path.lexists(manifest):
+        return None
+    try:
+        fd = os.open(manifest, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            body = json.loads(os.read(fd, _MANIFEST_LIMIT).decode("utf-8"))
+        finally:
+            os.close(fd)
+    except (OSError, ValueError, RecursionError):
+        return None  # not a manifest this layer can read: opening the dataset says what is wrong
+    if not isinstance(body, dict) or body.get("format") != "loaderx-dataset" or \
+            not isinstance(body.get("columns"), list):
+        return None
+    for c in body["columns"]:
+        if isinstance(c, dict) and c.get("store") == base and isinstance(c.get("name"), str):
+            root = parent
+            up, folder = os.path.split(os.path.dirname(parent))
+            if folder == "parts" and os.path.lexists(os.path.join(up, _MANIFEST)):
+                root = up  # a part of a directory of parts
+            return root, c["name"]
+    return None
+
+
+def _refuse_a_column(path: str, what: str) -> None:
+    found = dataset_column(path)
+    if found is None:
+        return
+    root, name = found
+    raise DatasetError(
+        f"{path} is the store of column {name!r} of the dataset directory {root}: to {what} "
+        "one column alone would leave the columns with different row counts, and the "
+        "directory would no longer open. Change every column at once: "
+        "loaderx.intake.append_dataset(dataset, more) or a converter's append=True to add "
+        "rows, loaderx.intake.delete_rows(dataset, indices) to delete them")
+
 
 # At exit, wait for native calls other threads are making before the interpreter finalizes
 # (a thread coming back from one into a finalizing interpreter would abort the process).
@@ -133,7 +182,12 @@ class Zrecord:
         Record ``i`` is ``src[offsets[i]:offsets[i+1]]``; the last runs to the end of ``src``.
         ``src`` is any C-contiguous bytes-like object or array (its bytes are used); offsets
         must be non-decreasing. ``codec`` overrides the handle's default for this call.
+
+        The store of a column of a dataset directory is refused (DatasetError, see
+        :meth:`delete`): append rows to every column at once with
+        :func:`loaderx.intake.append_dataset` or a converter's ``append=True``.
         """
+        _refuse_a_column(self._path, "append to")
         return self._native.append(
             source_bytes(src), as_offsets(offsets), None if codec is None else _codec(codec)
         )
@@ -184,7 +238,12 @@ class Zrecord:
 
     def delete(self, idxs: Any) -> None:
         """Deletes records. The last record moves into each hole (swap-tail), so other indices
-        can change; duplicates are deleted once. Durable on return."""
+        can change; duplicates are deleted once. Durable on return.
+
+        The store of a column of a dataset directory is refused (DatasetError): its columns
+        must keep one row count; :func:`loaderx.intake.delete_rows` deletes from every column
+        (and :func:`loaderx.intake.append_dataset` appends to every column) at once."""
+        _refuse_a_column(self._path, "delete from")
         self._native.delete(as_indices(idxs))
 
     def compact(self) -> dict[str, int]:

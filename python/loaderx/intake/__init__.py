@@ -12,6 +12,9 @@ they write (one loaderx store per column plus a manifest; see :mod:`loaderx.inta
 * :func:`from_token_stream` and :func:`split_documents` (:mod:`loaderx.intake.tokens`) -- a
   flat token stream (a nanoGPT-style ``.bin``, a 1-D ``.npy``) cut into documents at the end
   token, written for :func:`loaderx.pack`.
+* :func:`append_dataset`, :func:`delete_rows` (:mod:`loaderx.intake.growing`) -- a dataset
+  directory grown by another's rows or shrunk by rows, every column at once, in one
+  transaction (class names matched by name); converters take ``append=True`` too.
 * :class:`DirectoryWriter` -- the transaction every converter writes through.
 
 pyarrow is imported only when a table is converted.
@@ -35,6 +38,7 @@ from loaderx.intake.files import (
     from_image_folder,
     from_webdataset,
 )
+from loaderx.intake.growing import append_dataset, delete_rows, repair_dataset
 from loaderx.intake.tables import from_arrow
 from loaderx.intake.tokens import from_token_stream, split_documents
 
@@ -42,5 +46,5 @@ __all__ = [
     "Column", "DirectoryWriter", "Manifest", "RaggedBatch", "decode_strings",
     "from_arrow", "is_dataset_directory", "open_dataset", "read_manifest",
     "export_image_folder", "export_webdataset", "from_image_folder", "from_webdataset",
-    "from_token_stream", "split_documents",
+    "from_token_stream", "split_documents", "append_dataset", "delete_rows", "repair_dataset",
 ]

@@ -377,16 +377,21 @@ def open_dataset(path: str | os.PathLike[str], *, columns: Sequence[str] | None 
             for col in chosen:
                 opened.append(_open_store(path, col, manifest.rows, verify_reads))
             return {c.name: ds for c, ds in zip(chosen, opened, strict=True)}
-        part_sets = []
+        part_sets, part_classes = [], []
         for part in manifest.parts:
             sub_path = os.path.join(path, *part.path.split("/"))
             stores = []
-            for own in part_columns(path, part, chosen):
+            owns = part_columns(path, part, chosen)
+            for own in owns:
                 ds = _open_store(sub_path, own, part.rows, verify_reads)
                 opened.append(ds)
                 stores.append(ds)
             part_sets.append(stores)
-        return {c.name: ConcatDataset([ps[i] for ps in part_sets], verify_reads=verify_reads)
+            part_classes.append([own.extra.get("classes") for own in owns])
+        # Each part's class names as its manifest has them: parts that number the classes
+        # differently are refused (ConcatDataset), not read as one numbering.
+        return {c.name: ConcatDataset([ps[i] for ps in part_sets], verify_reads=verify_reads,
+                                      _classes=[pc[i] for pc in part_classes])
                 for i, c in enumerate(chosen)}
     except BaseException:
         for ds in opened:
@@ -480,10 +485,24 @@ def _open_store(root: str, col: Column, rows: int, verify_reads: bool) -> Datase
         raise CorruptStoreError(f"column {col.name!r}: {e}") from None
     if (ds.dtype, ds.item_shape) != (col.dtype, col.item_shape) or len(ds) != rows:
         found = f"{len(ds)} {ds.dtype.str}{ds.item_shape} records"
+        how = "" if (ds.dtype, ds.item_shape) != (col.dtype, col.item_shape) else \
+            _row_count_hint(root, len(ds), rows)
         ds.close()
         raise CorruptStoreError(f"{store}: column {col.name!r} holds {found}; the manifest "
-                                f"says {rows} {col.dtype.str}{col.item_shape}")
+                                f"says {rows} {col.dtype.str}{col.item_shape}{how}")
     return ds
+
+
+def _row_count_hint(root: str, found: int, rows: int) -> str:
+    """What a column store of another row count than its manifest's means, and the repair."""
+    if found > rows:
+        return (f". Records were appended to this column's store alone, not to the dataset "
+                f"(the dataset's rows are its first {rows}); "
+                f"loaderx.intake.repair_dataset({root!r}) removes the others -- append to "
+                "every column at once with loaderx.intake.append_dataset")
+    return (". Records were deleted from this column's store alone, so its rows no longer "
+            "line up with the other columns'; restore the dataset from a copy, or convert it "
+            "again -- delete from every column at once with loaderx.intake.delete_rows")
 
 
 def decode_strings(records: Any) -> Any:

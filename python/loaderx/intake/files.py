@@ -101,6 +101,7 @@ def from_image_folder(
     workers: int | None = None,
     progress: bool | None = None,
     checksums: bool = False,
+    append: bool = False,
 ) -> dict[str, Any]:
     """Converts the image folder ``root`` (one sub-folder per class) into the dataset
     directory ``dst`` with the columns ``image``, ``label`` and ``path`` (see the module
@@ -112,7 +113,19 @@ def from_image_folder(
     Skipped files are reported and warned about (:class:`SkippedFilesWarning`); with
     ``strict=True`` the first one is refused instead (DatasetError naming it). ``overwrite``,
     ``checksums`` and ``progress`` are as in :func:`loaderx.from_numpy`; ``workers`` threads
-    read the files (default ``min(16, 2 * cores)``)."""
+    read the files (default ``min(16, 2 * cores)``).
+
+    ``append=True`` adds the images to the image-folder dataset already at ``dst``, every
+    column at once and all or nothing (:mod:`loaderx.intake.growing`): classes it has keep
+    their numbers, new ones are numbered after them (in sorted order), and the report's
+    ``rows``, ``classes`` and ``counts`` are the dataset's afterwards (``appended``: the rows
+    added, ``new_classes``: the classes added); a ``dst`` that holds nothing is converted
+    into as without it."""
+    if append:
+        from loaderx.intake.growing import image_folder_onto
+
+        return image_folder_onto(dst, root, codec=codec, overwrite=overwrite, strict=strict,
+                                 workers=workers, progress=progress, checksums=checksums)
     root = os.fspath(root)
     n_workers = _workers(workers)
     inside = os.path.realpath(os.fspath(dst))
@@ -351,6 +364,7 @@ def from_webdataset(
     workers: int | None = None,
     progress: bool | None = None,
     checksums: bool = False,
+    append: bool = False,
 ) -> dict[str, Any]:
     """Converts WebDataset tar shards (a path, a glob, brace notation such as
     ``"shards-{000..099}.tar"``, or a list of them; ``.tar``, ``.tar.gz``, ``.tar.xz``,
@@ -364,7 +378,19 @@ def from_webdataset(
     the module docstring). ``label`` names an extension holding ASCII integers (WebDataset's
     ``cls``) to write also as the dense ``int64`` column ``label``. ``workers`` shards are
     read at a time (default ``min(16, 2 * cores)``); ``codec``, ``overwrite``,
-    ``checksums`` and ``progress`` are as in :func:`from_image_folder`."""
+    ``checksums`` and ``progress`` are as in :func:`from_image_folder`. ``append=True`` adds
+    the samples to the WebDataset dataset already at ``dst`` (its shard list and
+    ``__shard__`` numbers continue; see :mod:`loaderx.intake.growing`); the report's ``rows``
+    is then the dataset's, ``appended`` the rows added."""
+    if append:
+        from loaderx.intake.growing import webdataset_onto
+
+        def into(path: str, **given: Any) -> dict[str, Any]:
+            return from_webdataset(path, shards, extensions=extensions, missing=missing,
+                                   label=label, workers=workers, progress=progress, **given)
+
+        return webdataset_onto(dst, into, codec=codec, overwrite=overwrite,
+                               checksums=checksums)
     paths = shard_paths(shards)
     n_workers = _workers(workers)
     if missing not in ("refuse", "empty"):

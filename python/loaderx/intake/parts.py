@@ -22,8 +22,8 @@ shared mount):
   tasks.
 
 Rows keep their order: part ``k`` holds the rows of the ``k``-th partition, in order, and the
-dataset's row ``i`` is row ``i - (rows of parts before k)`` of part ``k``. A part holds at most
-2^24 rows (one store); partition the data more finely than that.
+dataset's row ``i`` is row ``i - (rows of parts before k)`` of part ``k``. A part of more than
+2^24 rows (one store) is written with parts of its own, which :func:`assemble` takes in order.
 
 Why Dask: a local Dask cluster of two worker processes started in about 1.1 s here and ran 64
 small tasks in 0.14 s, against 4-5.5 s and 0.34-0.39 s for Ray (``ray.init(num_cpus=2)``), and

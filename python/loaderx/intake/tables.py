@@ -16,7 +16,12 @@ Sources: an object with ``__arrow_c_stream__`` (a pyarrow Table or RecordBatchRe
 DataFrame, a DuckDB relation, a pandas DataFrame), a ``pyarrow.dataset.Dataset``, a
 ``pyarrow.RecordBatch``, a Hugging Face ``datasets.Dataset`` (read through its Arrow table, in
 its current order), or Parquet files: a path, a directory (its ``*.parquet`` files, recursively),
-a glob (``data/*.parquet``, ``**`` allowed), or a list of those, read in sorted order.
+a glob (``data/*.parquet``, ``**`` allowed), or a list of those, read in sorted order. Files
+that begin as Arrow IPC files do (either format: ``pyarrow.ipc.new_file`` / Feather, or
+``new_stream``, as Hugging Face's ``.arrow`` files are) are read as those, and a Hugging Face
+``save_to_disk`` directory as the files its ``state.json`` names; a ``DatasetDict``'s directory
+is refused, naming its splits. These are read as untrusted input
+(:mod:`loaderx.intake._arrow_files`).
 Record batches are streamed -- read ahead by one thread while the previous one is written, sliced
 to about ``chunk_bytes`` -- so memory stays bounded whatever the table's size; pyarrow decodes
 with its thread pool and the store engine compresses each append on every core.
@@ -38,18 +43,30 @@ time32/64                              (date32 widened to ``datetime64[D]``; tim
                                        is kept as ``tz`` (values are UTC, as in Arrow)
 dictionary (pandas categorical)        decoded to its values, then mapped as those
 struct                                 flattened: field ``b`` of ``a`` is column ``a.b``
-other extension types                  mapped by their storage type
+other extension types                  mapped by their storage type (a struct storage flattened
+                                       as a struct is)
 =====================================  ==========================================================
 
 Refused, with a DatasetError naming the column, its type and the fix: **nulls** anywhere (a
-null value, list or element: fill them first -- ``pyarrow.compute.fill_null``, polars
+null value, list or element, a null in a tensor or in the dictionary values a row takes -- the
+first row holding one is named: fill them first -- ``pyarrow.compute.fill_null``, polars
 ``fill_null``, pandas ``fillna`` -- or drop the rows, or leave the column out with
 ``columns=``), decimals (cast to float64 or to strings), lists of strings or of binary, lists
-of lists, maps, unions, the null type, variable-shape tensors. Nothing is written then.
+of lists, maps, unions, the null type, variable-shape tensors, tensors with a permutation
+(store them row-major first). Nothing is written then. A struct field that is null in every
+row -- where the source tells that without a second read: a table, Parquet footers' statistics,
+uncompressed IPC files -- is refused before anything is written, naming the columns to keep;
+a struct field of a refused type is refused only if chosen.
 
 Hugging Face ``ClassLabel`` names (in the table's ``huggingface`` metadata, which Parquet files
 of the Hub carry too) are kept as ``"classes"``; the index columns pandas adds
-(``__index_level_0__``) are left out unless ``columns=`` names them.
+(``__index_level_0__``) are left out unless ``columns=`` names them. A top-level ``Image``
+(``Audio``, ``Video``, ``Pdf``) feature, stored as ``struct<bytes, path>``, becomes the column of
+its name -- the encoded bytes, ragged ``uint8`` with ``"encoded": "image"`` (as
+:func:`~loaderx.intake.files.from_image_folder` stores images) and the feature under
+``"huggingface"`` -- and ``<name>.path``, text (``""`` where a row has none), left out when it
+is null in every row unless ``columns=`` names it. A row without bytes is refused, naming the
+fix (an image kept only as a file's path: ``Dataset.save_to_disk`` embeds the files).
 
 Parquet files are checked against what their footers declare: a file that holds another number
 of rows than it says, or cannot be decoded, is a CorruptStoreError naming it, and nothing is
@@ -60,14 +77,17 @@ fails or is killed, nothing is left at ``dst``; running it again gives exactly t
 uninterrupted run gives (``overwrite=True`` replaces a finished one).
 
 **Resuming.** A long conversion of many Parquet files need not start over after a kill:
-``from_arrow(dst, "data/*.parquet", resume=True)`` converts file ``k`` into part ``k``
-(``<dst>.parts/0000k``, each published whole in one rename), then joins the parts into ``dst``
-(:mod:`loaderx.intake.joining`). Run again after an interruption, it keeps every part that
-an earlier run finished from the same file -- same real path, inode, size, modification and
-change times -- with the same ``columns``, ``codec`` and ``checksums``, and converts the
-others (the one the kill cut short is rewritten from its start); a finished conversion run again
-returns its row count and writes nothing. Every file is checked before any part is written, as
-without resume. The parts are then joined into one store per column without copying a record
+``from_arrow(dst, "data/*.parquet", resume=True)`` converts consecutive files, up to
+:data:`RESUME_PART_BYTES` (128 MiB) of them, into one part (``<dst>.parts/<k:05d>``, ``k`` the
+index of its first file; each published whole in one rename, its record naming the files it
+covers), then joins the parts into ``dst`` (:mod:`loaderx.intake.joining`); files that one part
+holds, all of them, are converted straight into ``dst``, as one transaction. Run again after an
+interruption, it keeps every part that an earlier run finished from the same files -- same real
+paths, inodes, sizes, modification and change times -- with the same ``columns``, ``codec`` and
+``checksums``, and converts the others (the part the kill cut short is rewritten from its
+start, and a part with a file changed since, whole); a finished conversion run again returns
+its row count and writes nothing. Every file is checked before any part is written, as without
+resume. The parts are then joined into one store per column without copying a record
 (:func:`loaderx.intake.joining.assemble`), so the result reads as one conversion's. Sources
 other than Parquet files are one stream and are not resumed (``resume=True`` refuses them); an
 interrupted conversion of them leaves nothing behind, so it is simply run again.
@@ -75,6 +95,7 @@ interrupted conversion of them leaves nothing behind, so it is simply run again.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import importlib
@@ -93,6 +114,7 @@ from loaderx.converter import _progress
 from loaderx.errors import (
     CorruptStoreError,
     DatasetError,
+    InternalError,
     LimitExceededError,
     LoaderxError,
     LoaderxTypeError,
@@ -106,8 +128,9 @@ from loaderx.intake.directory import (
     read_manifest,
 )
 from loaderx.intake.joining import (
-    assemble,
+    assemble_named,
     discard_parts,
+    hold_parts,
     part_path,
     parts_dir,
     shares_chunks,
@@ -142,6 +165,7 @@ def from_arrow(
     progress: bool | None = None,
     checksums: bool = False,
     resume: bool = False,
+    append: bool = False,
 ) -> int:
     """Writes the table ``source`` as a dataset directory at ``dst`` and returns its row count.
 
@@ -156,9 +180,11 @@ def from_arrow(
     replaces a dataset at ``dst``. ``chunk_bytes`` bounds the decoded bytes of one append
     (and so the memory used: a few times that, plus pyarrow's own). ``progress`` and
     ``checksums`` are as in :func:`loaderx.from_numpy`. ``resume=True`` (Parquet sources)
-    writes one part per file and, run again after an interruption, keeps the parts already
-    finished (see "Resuming" in the module docstring). See the module docstring for sources
-    and type mapping."""
+    writes parts of consecutive files and, run again after an interruption, keeps the parts
+    already finished (see "Resuming" in the module docstring). ``append=True`` adds the rows to the
+    dataset already at ``dst`` -- the same columns, written with its codecs -- every column
+    at once and all or nothing, and returns its new row count (see
+    :mod:`loaderx.intake.growing`). See the module docstring for sources and type mapping."""
     pa = _pyarrow()
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
         raise DatasetError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
@@ -168,18 +194,24 @@ def from_arrow(
     if resume is not False and resume is not True:
         raise LoaderxTypeError(f"resume must be True or False, got {resume!r}")
     src = _open_source(pa, source, chunk_bytes)
-    plan = _plan(pa, src.schema, columns)
+    plan = _plan(pa, src.schema, columns, src.all_null)
     exact = dict(codec) if isinstance(codec, Mapping) else {}
     unknown = sorted(set(exact) - {leaf.name for leaf in plan})
     if unknown:
         raise DatasetError(f"codec names columns that are not converted: {unknown}; the "
                            f"columns are {[leaf.name for leaf in plan]}")
-    options = _Options(columns, codec, chunk_bytes, progress, checksums)
+    options = _Options(columns, codec, chunk_bytes, progress, checksums, src.all_null)
+    if append:
+        from loaderx.intake.growing import arrow_onto
+
+        return arrow_onto(dst, plan, options, overwrite, resume, lambda path, opts: _write(
+            path, src, plan, opts, False, {"source": src.kind}))
     if resume:
         if src.kind != "parquet":
             raise LoaderxValueError(
-                f"resume=True resumes a conversion of Parquet files (one part per file); a "
-                f"{type(source).__name__} is read as one stream. Run it again without resume "
+                f"resume=True resumes a conversion of Parquet files (in parts of files); "
+                f"{_stream_name(source, src.kind)} is read as one stream. Run it again "
+                "without resume "
                 "-- an interrupted conversion leaves nothing behind -- or write it as Parquet "
                 "files first (pyarrow.dataset.write_dataset)")
         return _resumable(pa, dst, _expand(source), options, overwrite)
@@ -195,6 +227,8 @@ class _Options:
     chunk_bytes: int
     progress: bool | None
     checksums: bool
+    #: The whole source's :attr:`_Source.all_null` (a part's plan decides as the whole's did).
+    all_null: Callable[[list[Any]], list[bool | None]] | None = field(default=None, compare=False)
 
     def digest(self) -> str:
         """What decides the stored bytes (not chunk_bytes or progress), for a resumed run to
@@ -231,39 +265,121 @@ def _write(dst: str | os.PathLike[str], src: _Source, plan: list[_Leaf], options
 # -- resuming ------------------------------------------------------------------------------------
 
 
+#: A resumable conversion's part takes consecutive Parquet files while their sizes add up to at
+#: most this many bytes (a file larger than this is a part alone). A kill loses at most the
+#: part being written -- under a second of conversion here --, and a part's fixed cost (its
+#: stores made, synced and published, then joined: about 10 ms here) is spread over that many
+#: bytes, instead of being paid for every file.
+RESUME_PART_BYTES = 128 << 20
+#: At most this many bytes of fingerprints in a part's record (about 5000 files): its manifest
+#: stays small, far below the manifest's limit.
+_RESUME_RECORD_BYTES = 1 << 20
+
+
 def _resumable(pa: Any, dst: str | os.PathLike[str], files: list[str], options: _Options,
                overwrite: bool) -> int:
-    """Parquet file ``k`` into part ``k`` of ``dst`` -- unless a finished part of an earlier
-    run of the same conversion is there -- then the parts joined into ``dst``."""
+    """Consecutive Parquet files, up to :data:`RESUME_PART_BYTES` of them, into one part of
+    ``dst`` each, named after its first file's index (its record names the files it covers,
+    by their fingerprints) -- unless a finished part of an earlier run of the same conversion
+    covers them -- then the parts joined into ``dst``. Files that one part would hold, all
+    of them, with no finished part to keep, are converted straight into ``dst``."""
     dst = os.path.abspath(os.fspath(dst))
-    prints = [_fingerprint(f, options) for f in files]
+    stats = [os.stat(f) for f in files]
+    prints = [_fingerprint(f, options, st) for f, st in zip(files, stats, strict=True)]
     plan_digest = hashlib.sha256(json.dumps(prints).encode()).hexdigest()
-    if os.path.lexists(dst) and not overwrite:
+
+    def finished() -> int | None:
         done = read_manifest(dst) if is_dataset_directory(dst) else None
-        if done is not None and done.extra.get("resume") == plan_digest:
-            discard_parts(dst)  # what a kill just after publishing left
-            return done.rows  # this very conversion finished already
-        raise DatasetError(f"{dst} exists (and is not this conversion, finished); pass "
-                           "overwrite=True to replace it")
+        return done.rows if done is not None and done.extra.get("resume") == plan_digest \
+            else None
+
+    if not overwrite and not os.path.lexists(parts_dir(dst)):
+        rows = finished()
+        if rows is not None:
+            return rows  # this very conversion finished already: nothing to touch
     if len(files) > MAX_PARTS:
-        raise LimitExceededError(f"resume=True writes a part per file: {len(files)} files, at "
-                                 f"most {MAX_PARTS}; merge files first")
-    os.makedirs(parts_dir(dst), exist_ok=True)
-    for k, (file, fp) in enumerate(zip(files, prints, strict=True)):
-        part = part_path(dst, k)
-        if (is_dataset_directory(part) and read_manifest(part).extra.get("resume") == fp
-                and not shares_chunks(part)):
-            continue  # finished by an earlier run, from this very file
-        src = _parquet_source(pa, [file], options.chunk_bytes)
-        _write(part, src, _plan(pa, src.schema, options.columns), options, True,
-               {"source": "parquet", "resume": fp})
-    return assemble(dst, len(files), overwrite=overwrite, extra={"resume": plan_digest})
+        raise LimitExceededError(f"resume=True names each part after its first file: "
+                                 f"{len(files)} files, at most {MAX_PARTS}; merge files first")
+    # One run at a time (another is refused, naming this one), and what dead runs left beside
+    # dst -- an interrupted join's links to the parts' chunk files -- is removed first.
+    with hold_parts(dst) as durable:
+        if os.path.lexists(dst) and not overwrite:
+            rows = finished()
+            if rows is not None:
+                discard_parts(dst)  # what a kill just after publishing left
+                return rows  # this very conversion finished already
+            raise DatasetError(f"{dst} exists (and is not this conversion, finished); pass "
+                               "overwrite=True to replace it")
+        kept = _finished_parts(dst, prints)
+
+        def batch(k: int) -> int:
+            """The end of the part that starts at file ``k``: the next files up to the
+            budget, never into a kept part (so a file changed since an earlier run is
+            converted again with its batch, and the parts after it are kept)."""
+            end, size, record = k + 1, stats[k].st_size, len(json.dumps(prints[k]))
+            while end < len(files) and end not in kept \
+                    and size + stats[end].st_size <= RESUME_PART_BYTES \
+                    and record + len(json.dumps(prints[end])) + 2 <= _RESUME_RECORD_BYTES:
+                size += stats[end].st_size
+                record += len(json.dumps(prints[end])) + 2
+                end += 1
+            return end
+
+        if not kept and batch(0) == len(files):
+            # One part would hold everything, and a kill would lose it whole: written
+            # straight into dst as one transaction instead (no part, no join).
+            src = _parquet_source(pa, files, options.chunk_bytes)
+            rows = _write(dst, src, _plan(pa, src.schema, options.columns, options.all_null),
+                          options, overwrite, {"source": "parquet", "resume": plan_digest})
+            discard_parts(dst)  # parts of earlier runs that no file matches now
+            return rows
+        names, k = [], 0
+        while k < len(files):
+            if k in kept:  # finished by an earlier run, from these very files
+                names.append(f"{k:05d}")
+                k += kept[k]
+                continue
+            end = batch(k)
+            src = _parquet_source(pa, files[k:end], options.chunk_bytes)
+            durable()  # <dst>.parts in its parent, before a part is published in it
+            _write(part_path(dst, k), src,
+                   _plan(pa, src.schema, options.columns, options.all_null), options, True,
+                   {"source": "parquet", "resume": {"first": k, "files": prints[k:end]}})
+            names.append(f"{k:05d}")
+            k = end
+        # Parts not named (left by runs that batched otherwise) go with the others, once dst
+        # is published.
+        return assemble_named(dst, names, overwrite=overwrite, extra={"resume": plan_digest})
 
 
-def _fingerprint(file: str, options: _Options) -> str:
+def _finished_parts(dst: str, prints: list[str]) -> dict[int, int]:
+    """The parts of ``dst`` that earlier runs finished from the files ``prints`` describe:
+    ``{first file: files covered}`` for each part whose record names exactly the files at
+    those places now, and none of whose chunk files is a published dataset's too."""
+    root = parts_dir(dst)
+    found: dict[int, int] = {}
+    for name in os.listdir(root):
+        if len(name) != 5 or not (name.isascii() and name.isdigit()) or int(name) >= len(prints):
+            continue
+        first, part = int(name), os.path.join(root, name)
+        if not is_dataset_directory(part):
+            continue
+        record = read_manifest(part).extra.get("resume")
+        if isinstance(record, str):  # written one part per file (loaderx before batching)
+            record = {"first": first, "files": [record]}
+        covered = record.get("files") if isinstance(record, dict) \
+            and record.get("first") == first else None
+        if isinstance(covered, list) and covered \
+                and covered == prints[first:first + len(covered)] and not shares_chunks(part):
+            found[first] = len(covered)
+    return found
+
+
+def _fingerprint(file: str, options: _Options, st: os.stat_result | None = None) -> str:
     """What a finished part must have been converted from: the file (its real path, inode,
-    size, modification and change times) and the options that decide the stored bytes."""
-    st = os.stat(file)
+    size, modification and change times: ``st``, or the file's now) and the options that
+    decide the stored bytes."""
+    st = os.stat(file) if st is None else st
     return json.dumps([os.path.realpath(file), st.st_ino, st.st_size, st.st_mtime_ns,
                        st.st_ctime_ns, options.digest()])
 
@@ -280,13 +396,16 @@ class _Source:
     #: can project reads only those)
     batches: Callable[[list[str]], Iterator[tuple[Any, str]]]
     check_end: Callable[[], None] = lambda: None
+    #: Whether each of the leaves given is null in every row (True), not (False), or None where
+    #: that is not known without reading the source twice (a stream): see :func:`_plan`.
+    all_null: Callable[[list[Any]], list[bool | None]] = lambda leaves: [None] * len(leaves)
 
 
 def _open_source(pa: Any, source: Any, chunk_bytes: int) -> _Source:
     if isinstance(source, (str, os.PathLike)) or (
             isinstance(source, (list, tuple)) and source
             and all(isinstance(s, (str, os.PathLike)) for s in source)):
-        return _parquet_source(pa, _expand(source), chunk_bytes)
+        return _path_source(pa, source, chunk_bytes)
     if type(source).__module__.split(".")[0] == "datasets" and hasattr(source, "with_format"):
         return _huggingface_source(pa, source, chunk_bytes)
     pads = _pyarrow("pyarrow.dataset")
@@ -300,7 +419,9 @@ def _open_source(pa: Any, source: Any, chunk_bytes: int) -> _Source:
     if isinstance(source, pa.RecordBatch):
         source = pa.Table.from_batches([source])
     if isinstance(source, pa.Table):
-        return _reader_source(pa, source.to_reader(), source.num_rows, chunk_bytes, "arrow")
+        src = _reader_source(pa, source.to_reader(), source.num_rows, chunk_bytes, "arrow")
+        src.all_null = _table_probe(source)
+        return src
     if isinstance(source, pa.RecordBatchReader):
         return _reader_source(pa, source, None, chunk_bytes, "arrow")
     if hasattr(source, "__arrow_c_stream__"):
@@ -368,6 +489,9 @@ def _huggingface_source(pa: Any, ds: Any, chunk_bytes: int) -> _Source:
             classes[name] = names
     if classes:
         schema = _with_classes(schema, classes)
+    if b"huggingface" not in (schema.metadata or {}) and hasattr(ds, "features"):
+        with contextlib.suppress(Exception):  # features it cannot describe are only metadata
+            schema = _with_features(schema, ds.features.to_dict())
     rows = len(ds)
     size = getattr(ds.data, "nbytes", 0) or 0
     step = max(1, min(1 << 16, int(rows * chunk_bytes // size) if size else 1 << 16))
@@ -377,7 +501,42 @@ def _huggingface_source(pa: Any, ds: Any, chunk_bytes: int) -> _Source:
             for b in t.to_batches():
                 yield b.replace_schema_metadata(schema.metadata), "the datasets.Dataset"
 
-    return _Source("huggingface", schema, rows, batches)
+    src = _Source("huggingface", schema, rows, batches)
+    table = getattr(getattr(ds, "data", None), "table", None)
+    if isinstance(table, pa.Table):
+        whole = _table_probe(table)
+        if getattr(ds, "_indices", None) is None:
+            src.all_null = whole
+        else:  # rows picked from the table: null in all of it is null in them, not conversely
+            src.all_null = lambda leaves: [True if n else None for n in whole(leaves)]
+    return src
+
+
+def _with_features(schema: Any, features: Any) -> Any:
+    meta = dict(schema.metadata or {})
+    meta[b"huggingface"] = json.dumps({"info": {"features": features}}).encode()
+    return schema.with_metadata(meta)
+
+
+def _table_probe(table: Any) -> Callable[[list[Any]], list[bool | None]]:
+    """:attr:`_Source.all_null` of a table in memory (or mapped): null counts, no copies."""
+    def all_null(leaves: list[Any]) -> list[bool | None]:
+        return _null_in_every_row(leaves, table.to_batches(), table.num_rows)
+
+    return all_null
+
+
+def _null_in_every_row(leaves: list[Any], batches: Iterator[Any] | list[Any],
+                       rows: int) -> list[bool | None]:
+    if not leaves:
+        return []
+    if rows == 0:
+        return [False] * len(leaves)
+    nulls = [0] * len(leaves)
+    for b in batches:
+        for k, leaf in enumerate(leaves):
+            nulls[k] += leaf.array(b).null_count
+    return [n == rows for n in nulls]
 
 
 def _with_classes(schema: Any, classes: dict[str, list[str]]) -> Any:
@@ -461,7 +620,99 @@ def _parquet_source(pa: Any, files: list[str], chunk_bytes: int) -> _Source:
         if seen["rows"] != sum(declared):  # a bug if reached: batches() checks each file
             raise CorruptStoreError(f"read {seen['rows']} rows of {sum(declared)}")
 
-    return _Source("parquet", schema, sum(declared), batches, check_end)
+    return _Source("parquet", schema, sum(declared), batches, check_end,
+                   _parquet_probe(opened))
+
+
+def _parquet_probe(opened: list[Any]) -> Callable[[list[Any]], list[bool | None]]:
+    """:attr:`_Source.all_null` from the null counts of the footers' statistics (None where a
+    row group has none, or the leaf is not one Parquet column outside a list)."""
+    def all_null(leaves: list[Any]) -> list[bool | None]:
+        return [one(leaf) for leaf in leaves]
+
+    def one(leaf: Any) -> bool | None:
+        path = ".".join(leaf.fields)
+        rows = nulls = 0
+        for pf in opened:
+            md = pf.metadata
+            cols = [j for j in range(md.num_columns) if md.schema.column(j).path == path]
+            if len(cols) != 1 or md.schema.column(cols[0]).max_repetition_level:
+                return None
+            for g in range(md.num_row_groups):
+                group = md.row_group(g)
+                stats = group.column(cols[0]).statistics
+                if stats is None or not stats.has_null_count:
+                    return None
+                nulls += stats.null_count
+                rows += group.num_rows
+        return rows > 0 and nulls >= rows
+
+    return all_null
+
+
+def _path_source(pa: Any, source: Any, chunk_bytes: int) -> _Source:
+    """Files by path: Parquet, Arrow IPC files (either format, known by their first bytes),
+    or a Hugging Face ``save_to_disk`` directory."""
+    from loaderx.intake import _arrow_files as af
+
+    if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
+        root = os.fspath(source)
+        if af.is_hf_dataset_dict(root):
+            raise af.dataset_dict_error(root)
+        if af.is_hf_directory(root):
+            files, features = af.hf_data_files(root)
+            return _ipc_source(pa, files, chunk_bytes, "huggingface", features)
+    files = _expand(source)
+    kinds = [af.sniff(f) or ("ipc_file" if f.endswith(af.IPC_SUFFIXES) else "parquet")
+             for f in files]
+    if "parquet" in kinds and len(set(kinds)) > 1:
+        ipc = files[next(i for i, k in enumerate(kinds) if k != "parquet")]
+        raise DatasetError(f"{files[kinds.index('parquet')]} is Parquet and {ipc} an Arrow "
+                           "IPC file: convert Parquet files and Arrow files separately")
+    if kinds and kinds[0] != "parquet":
+        return _ipc_source(pa, files, chunk_bytes, "arrow_ipc", None, kinds)
+    return _parquet_source(pa, files, chunk_bytes)
+
+
+def _ipc_source(pa: Any, files: list[str], chunk_bytes: int, kind: str,
+                features: dict[str, Any] | None, kinds: list[str] | None = None) -> _Source:
+    """Arrow IPC files, checked before a batch is decoded (:mod:`loaderx.intake._arrow_files`);
+    ``features`` (a Hugging Face directory's ``dataset_info.json``) stand in for schema
+    metadata the files lack."""
+    from loaderx.intake import _arrow_files as af
+
+    opened = [af.open_ipc(pa, path, kinds[i] if kinds else af.sniff(path) or "ipc_stream",
+                          follow=kind != "huggingface")  # resolved and checked: no link now
+              for i, path in enumerate(files)]
+    schema = opened[0].schema
+    for other in opened[1:]:
+        if not _same_types(other.schema, schema):
+            raise DatasetError(f"{other.path}: its columns differ from those of {files[0]} "
+                               f"({_schema_diff(other.schema, schema)}); every file must "
+                               "have the same column types")
+    if features is not None and b"huggingface" not in (schema.metadata or {}):
+        schema = _with_features(schema, features)
+    rows = sum(f.rows for f in opened)
+
+    def batches(wanted: list[str]) -> Iterator[tuple[Any, str]]:
+        for f in opened:
+            for batch in af.ipc_batches(pa, f):
+                batch = batch.select(wanted).replace_schema_metadata(schema.metadata)
+                yield from ((b, f.path) for b in _slices(batch, chunk_bytes))
+
+    def all_null(leaves: list[Any]) -> list[bool | None]:
+        if any(f.compressed for f in opened):  # a second decoding of every batch: not worth it
+            return [None] * len(leaves)
+        every = (b for f in opened for b in af.ipc_batches(pa, f, full=False))
+        return _null_in_every_row(leaves, every, rows)
+
+    return _Source(kind, schema, rows, batches, all_null=all_null)
+
+
+def _stream_name(source: Any, kind: str) -> str:
+    if kind in ("arrow_ipc", "huggingface"):
+        return "an Arrow IPC file (or a Hugging Face dataset directory)"
+    return f"a {type(source).__name__}"
 
 
 def _check_footer(file: str, pf: Any) -> int:
@@ -580,42 +831,72 @@ class _Leaf:
     to_records: Callable[[Any], Any]
     checks_nulls: bool = True
     fields: tuple[str, ...] = field(default_factory=tuple)
+    #: The refusal of a null in this column, given its row and where (None: :func:`_null_error`).
+    null_error: Callable[[int, str], DatasetError] | None = None
+    #: A struct field's fellow columns, named in its null error as the columns to keep.
+    keep: tuple[str, ...] | None = None
+    #: A struct field of a type not converted: refused if chosen (:func:`_settle_nulls`).
+    refused: DatasetError | None = None
 
     def array(self, batch: Any) -> Any:
         arr = batch.column(self.fields[0])  # by name: a Parquet read projects the columns
+        extension = _pyarrow().ExtensionArray
         for i in self.path[1:]:
+            if isinstance(arr, extension):  # an extension type stored as a struct
+                arr = arr.storage
             arr = arr.flatten()[i]  # the struct's slice and its nulls applied to the field
         return arr
 
     def convert(self, batch: Any, start: int, where: str) -> Any:
         arr = self.array(batch)
-        _check_nulls(arr, self.name, start, where)
+        # Before the first row that is null, a null the rows' validity does not show (in a
+        # dictionary's values, a list's or a tensor's elements) is found by converting them.
+        first = _first_null(arr) if self.checks_nulls and arr.null_count else None
         try:
-            records = self.to_records(arr)
-        except _NullElement as e:
-            raise DatasetError(
-                f"column {self.name!r} has a list with a null element (at depth {e.level}) in "
-                f"rows {start}..{start + len(arr) - 1}{_in(where)}: nulls are not converted. "
-                "Fill them first (pyarrow.compute.fill_null on the list values), drop those "
-                "rows, or leave the column out with columns=") from None
+            records = self.to_records(arr if first is None else arr.slice(0, first))
+        except _NullValue as e:
+            raise _null_error(self.name, start + e.row, where, e.what, e.fill,
+                              self.keep) from None
         except LoaderxError:
             raise
         except Exception as e:  # pyarrow's errors (a type it cannot take apart, ...)
             raise DatasetError(f"column {self.name!r} ({arr.type}) could not be converted"
                                f"{_in(where)}: {type(e).__name__}: {e}; cast it to a plainer "
                                "type first, or leave it out with columns=") from None
+        if first is not None:
+            if self.null_error is not None:
+                raise self.null_error(start + first, where)
+            raise _null_error(self.name, start + first, where, "a null", keep=self.keep)
         if self.kind == "ragged":
             _check_record_sizes(records, self, start, where)
         return records
 
 
-def _check_nulls(arr: Any, name: str, start: int, where: str) -> None:
-    if arr.null_count:
-        row = start + _first_null(arr)
-        raise DatasetError(
-            f"column {name!r} has a null at row {row}{_in(where)}: nulls are not converted. "
-            "Fill them first (pyarrow.compute.fill_null, polars fill_null, pandas fillna), drop "
-            "those rows, or leave the column out with columns=")
+def _null_error(name: str, row: int, where: str, what: str,
+                fill: str = "pyarrow.compute.fill_null, polars fill_null, pandas fillna",
+                keep: Sequence[str] | None = None) -> DatasetError:
+    return DatasetError(
+        f"column {name!r} has {what} at row {row}{_in(where)}: nulls are not converted. Fill "
+        f"them first ({fill}), drop those rows, or leave the column out with columns="
+        f"{_listing(keep) if keep is not None else ''}")
+
+
+def _listing(names: Sequence[str], most: int = 30) -> str:
+    """``names`` as the list to pass as ``columns=`` (cut short past ``most``)."""
+    shown = ", ".join(repr(n) for n in names[:most])
+    return f"[{shown}{', ...' if len(names) > most else ''}]"
+
+
+class _NullValue(DatasetError):
+    """A null that a row's validity does not show -- in a dictionary's values, a list's or a
+    tensor's elements -- at ``row`` of the batch (raised with the column's name and the row in
+    the source by :meth:`_Leaf.convert`); ``fill`` says how to fill it."""
+
+    def __init__(self, row: int, what: str, fill: str) -> None:
+        super().__init__(f"{what} at row {row} of the batch")
+        self.row = row
+        self.what = what
+        self.fill = fill
 
 
 def _first_null(arr: Any) -> int:
@@ -641,11 +922,18 @@ def _check_record_sizes(records: RaggedBatch, leaf: _Leaf, start: int, where: st
             "several rows, or leave the column out with columns=")
 
 
-def _plan(pa: Any, schema: Any, columns: Sequence[str] | None) -> list[_Leaf]:
+def _plan(pa: Any, schema: Any, columns: Sequence[str] | None,
+          all_null: Callable[[list[Any]], list[bool | None]] | None = None) -> list[_Leaf]:
     """The leaf columns of ``schema`` to convert, in order, each with its mapping; refusals are
-    raised here, before anything is written."""
+    raised here, before anything is written.
+
+    ``all_null`` (the source's :attr:`_Source.all_null`) is asked about struct fields: the path
+    of a Hugging Face Image or Audio that is null in every row is left out (unless ``columns``
+    names it), and any other field null in every row is refused here, naming the columns to
+    keep."""
     meta = schema.metadata or {}
     classes = _class_names(meta)
+    media = _media_features(meta)
     index_cols = _pandas_index_columns(meta)
     leaves: list[_Leaf] = []
     for i, f in enumerate(schema):
@@ -654,6 +942,10 @@ def _plan(pa: Any, schema: Any, columns: Sequence[str] | None) -> list[_Leaf]:
             continue
         if columns is not None and not any(c == f.name or c.startswith(f.name + ".")
                                            for c in columns):
+            continue
+        storage = _media_storage(pa, f.type) if f.name in media else None
+        if storage is not None:
+            leaves.extend(_media_leaves(pa, f, i, media[f.name], storage))
             continue
         leaves.extend(_map_field(pa, f.name, f.type, (i,), (f.name,), classes))
     if columns is None:
@@ -664,8 +956,12 @@ def _plan(pa: Any, schema: Any, columns: Sequence[str] | None) -> list[_Leaf]:
             picked = [leaf for leaf in leaves if leaf.name == name or leaf.fields[0] == name
                       or leaf.name.startswith(name + ".")]
             if not picked:
+                owner = name.rsplit(".", 1)[0]
+                hint = (f" ({owner!r} is a Hugging Face {media[owner]['_type']}: its bytes are "
+                        f"the column {owner!r}, its paths {owner + '.path'!r})"
+                        if owner in media and name.endswith(".bytes") else "")
                 raise DatasetError(f"columns names {name!r}, which the source does not have; "
-                                   f"it has {', '.join(repr(n) for n in schema.names)}")
+                                   f"it has {', '.join(repr(n) for n in schema.names)}{hint}")
             chosen.extend(p for p in picked if p not in chosen)
     names: dict[str, str] = {}
     for leaf in chosen:
@@ -674,7 +970,113 @@ def _plan(pa: Any, schema: Any, columns: Sequence[str] | None) -> list[_Leaf]:
                                "field flattened onto a column of that name, or a name given "
                                "twice): rename one before converting")
         names[leaf.name] = leaf.name
-    return chosen
+    return _settle_nulls(chosen, columns, all_null)
+
+
+def _settle_nulls(chosen: list[_Leaf], columns: Sequence[str] | None,
+                  all_null: Callable[[list[Any]], list[bool | None]] | None) -> list[_Leaf]:
+    """What :func:`_plan` does with the struct fields that are null in every row (and those of a
+    type it does not convert: refused, the null type as null in every row)."""
+    for leaf in chosen:
+        if leaf.refused is not None and leaf.extra["arrow_type"] != "null":
+            raise leaf.refused
+    fields = [leaf for leaf in chosen if len(leaf.fields) > 1 and leaf.refused is None]
+    answers = all_null(fields) if all_null is not None and fields else []
+    empty = {id(leaf) for leaf, answer in zip(fields, answers, strict=True) if answer}
+    kept = [leaf for leaf in chosen if id(leaf) not in empty or leaf.checks_nulls
+            or (columns is not None and leaf.name in columns)]  # a media path named: kept
+    for leaf in kept:
+        if len(leaf.fields) > 1 and leaf.checks_nulls:
+            leaf.keep = tuple(other.name for other in kept if other is not leaf)
+    for leaf in kept:
+        if leaf.refused is not None or (id(leaf) in empty and leaf.checks_nulls):
+            if leaf.null_error is not None:
+                raise leaf.null_error(0, "")
+            others = leaf.keep or ()
+            raise DatasetError(
+                f"column {leaf.name!r} is null in every row; leave it out with columns="
+                f"{_listing(others)}" if others else
+                f"column {leaf.name!r} is null in every row, and the only column: nothing to "
+                "convert")
+    return kept
+
+
+#: Hugging Face features stored as ``struct<bytes: binary, path: string>``, and the
+#: ``encoded`` each is marked with (as image folders mark their images).
+_MEDIA = {"Image": "image", "Audio": "audio", "Video": "video", "Pdf": "pdf"}
+
+
+def _media_features(meta: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
+    """The top-level Image / Audio (/ Video / Pdf) features of Hugging Face's metadata."""
+    try:
+        if b"huggingface" not in meta:
+            return {}
+        features = json.loads(meta[b"huggingface"]).get("info", {}).get("features", {})
+        return {name: feat for name, feat in features.items()
+                if isinstance(feat, dict) and feat.get("_type") in _MEDIA}
+    except (ValueError, AttributeError, TypeError, RecursionError):
+        return {}  # metadata we cannot read is only metadata
+
+
+def _media_storage(pa: Any, typ: Any) -> tuple[int, int] | None:
+    """The positions of ``bytes`` (binary) and ``path`` (string) in a media feature's struct,
+    or None for any other type (then mapped as any struct is)."""
+    t = pa.types
+    if not t.is_struct(typ) or typ.num_fields != 2:
+        return None
+    names = [typ.field(j).name for j in range(2)]
+    if sorted(names) != ["bytes", "path"]:
+        return None
+    jb, jp = names.index("bytes"), names.index("path")
+    b, p = typ.field(jb).type, typ.field(jp).type
+    if not (t.is_binary(b) or t.is_large_binary(b) or t.is_binary_view(b)) or \
+            not (t.is_string(p) or t.is_large_string(p) or t.is_string_view(p)):
+        return None
+    return jb, jp
+
+
+def _media_leaves(pa: Any, f: Any, i: int, feature: dict[str, Any],
+                  storage: tuple[int, int]) -> list[_Leaf]:
+    """A Hugging Face Image (Audio, ...) as its encoded bytes, the column ``f.name`` (ragged
+    ``uint8``, as image folders store images), and its paths, ``f.name + ".path"`` (text;
+    ``""`` where a row has none)."""
+    jb, jp = storage
+    kind = _MEDIA[feature["_type"]]
+    t = pa.types
+    b, p = f.type.field(jb).type, f.type.field(jp).type
+    described = {k: v for k, v in feature.items()
+                 if k in ("_type", "mode", "decode", "sampling_rate", "mono")
+                 and (v is None or isinstance(v, (str, int, float, bool)))}
+    name = f.name
+
+    def no_bytes(row: int, where: str) -> DatasetError:
+        return DatasetError(
+            f"column {name!r} (a Hugging Face {feature['_type']}) has no bytes at row "
+            f"{row}{_in(where)}: no {kind} there, or only the path of a file outside the "
+            f"table. Embed the files first (Dataset.save_to_disk(dir) embeds them: convert "
+            f"dir), drop those rows, or leave the column out with columns=")
+
+    image = _Leaf(name, (i, jb), "ragged", np.dtype(np.uint8), (),
+                  {"arrow_type": str(f.type), "encoded": kind, "huggingface": described},
+                  _binary(pa.large_binary() if t.is_binary_view(b) else None),
+                  fields=(name, "bytes"), null_error=no_bytes)
+    paths = _Leaf(f"{name}.path", (i, jp), "ragged", np.dtype(np.uint8), (),
+                  {"arrow_type": str(p), "string": True,
+                   "path": f"the path datasets kept with each {kind} ('' where none)"},
+                  _null_as_empty(pa.large_string() if t.is_string_view(p) else None),
+                  checks_nulls=False, fields=(name, "path"))
+    return [image, paths]
+
+
+def _null_as_empty(cast_to: Any) -> Callable[[Any], RaggedBatch]:
+    then = _binary(cast_to)
+
+    def convert(arr: Any) -> RaggedBatch:
+        if arr.null_count:
+            arr = _pyarrow("pyarrow.compute").fill_null(arr, "")
+        return then(arr)
+
+    return convert
 
 
 def _class_names(meta: dict[bytes, bytes]) -> dict[str, list[str]]:
@@ -689,7 +1091,7 @@ def _class_names(meta: dict[bytes, bytes]) -> dict[str, list[str]]:
                 if isinstance(feat, dict) and feat.get("_type") == "ClassLabel" and \
                         isinstance(feat.get("names"), list):
                     found[name] = [str(n) for n in feat["names"]]
-    except (ValueError, AttributeError, TypeError):
+    except (ValueError, AttributeError, TypeError, RecursionError):
         return {}  # metadata we cannot read is only metadata
     return found
 
@@ -702,9 +1104,17 @@ def _pandas_index_columns(meta: dict[bytes, bytes]) -> set[str]:
     return {c for c in cols if isinstance(c, str)}
 
 
+class _Refused(DatasetError):
+    """A type :func:`_map_type` does not convert (a struct's field is refused only if chosen)."""
+
+
 def _refuse(name: str, typ: Any, fix: str) -> DatasetError:
-    return DatasetError(f"column {name!r} has the Arrow type {typ}, which loaderx does not "
-                        f"convert: {fix}")
+    return _Refused(f"column {name!r} has the Arrow type {typ}, which loaderx does not "
+                    f"convert: {fix}")
+
+
+def _never(arr: Any) -> Any:
+    raise InternalError("a refused column was converted")
 
 
 def _map_field(pa: Any, name: str, typ: Any, path: tuple[int, ...], fields: tuple[str, ...],
@@ -715,8 +1125,13 @@ def _map_field(pa: Any, name: str, typ: Any, path: tuple[int, ...], fields: tupl
         out = []
         for j in range(typ.num_fields):
             child = typ.field(j)
-            out.extend(_map_field(pa, f"{name}.{child.name}", child.type, path + (j,),
-                                  fields + (child.name,), classes))
+            try:
+                out.extend(_map_field(pa, f"{name}.{child.name}", child.type, path + (j,),
+                                      fields + (child.name,), classes))
+            except _Refused as e:  # refused only if chosen: columns= may leave it out
+                out.append(_Leaf(f"{name}.{child.name}", path + (j,), "dense",
+                                 np.dtype(np.uint8), (), {"arrow_type": str(child.type)},
+                                 _never, fields=fields + (child.name,), refused=e))
         if not out:
             raise _refuse(name, typ, "a struct without fields holds nothing; leave it out "
                           "with columns=")
@@ -727,23 +1142,46 @@ def _map_field(pa: Any, name: str, typ: Any, path: tuple[int, ...], fields: tupl
         typ = typ.value_type
         extra["decoded_from"] = "dictionary"
     if isinstance(typ, pa.BaseExtensionType) and not isinstance(typ, pa.FixedShapeTensorType):
-        extra["extension"] = typ.extension_name
-        inner = _map_field(pa, name, typ.storage_type, path, fields, classes)
+        storage = typ.storage_type
+        if t.is_struct(storage) and decode is not None:
+            raise _refuse(name, extra["arrow_type"], "decode the dictionary first "
+                          "(DictionaryArray.dictionary_decode), or leave it out with columns=")
+        inner = _map_field(pa, name, storage, path, fields, classes)
         for leaf in inner:
-            leaf.extra = {**leaf.extra, **extra, "storage_type": str(typ.storage_type)}
-            leaf.to_records = _compose(_storage, leaf.to_records)
+            if leaf.path == path:  # the storage itself
+                leaf.extra = {**leaf.extra, **extra, "extension": typ.extension_name,
+                              "storage_type": str(storage)}
+                leaf.to_records = _decoded(_storage, leaf.to_records)
+                if decode is not None:  # a dictionary of extension values: decoded first
+                    leaf.to_records = _decoded(decode, leaf.to_records)
+            else:  # a field of a struct storage, which _Leaf.array reaches through the storage
+                leaf.extra = {"extension": typ.extension_name, "storage_type": str(storage),
+                              **leaf.extra}
         return inner
     kind, dtype, shape, to_records, more = _map_type(pa, name, typ)
     extra.update(more)
     if fields[-1] in classes and len(fields) == 1 and dtype.kind in "iu" and kind == "dense":
         extra["classes"] = classes[fields[-1]]
     if decode is not None:
-        to_records = _compose(decode, to_records)
+        to_records = _decoded(decode, to_records, "a null in its dictionary's values",
+                              "pyarrow.compute.fill_null on the decoded values: "
+                              "column.dictionary_decode()")
     return [_Leaf(name, path, kind, dtype, shape, extra, to_records, fields=fields)]
 
 
-def _compose(first: Callable[[Any], Any], then: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda arr: then(first(arr))
+def _decoded(decode: Callable[[Any], Any], then: Callable[[Any], Any],
+             what: str = "a null", fill: str = "pyarrow.compute.fill_null on the values"
+             ) -> Callable[[Any], Any]:
+    """``decode`` (a dictionary's values taken, an extension's storage), its result checked for
+    nulls -- a dictionary's values may hold nulls that its indices' validity does not show --,
+    then ``then``."""
+    def convert(arr: Any) -> Any:
+        out = decode(arr)
+        if out.null_count:
+            raise _NullValue(_first_null(out), what, fill)
+        return then(out)
+
+    return convert
 
 
 def _dictionary_decode(arr: Any) -> Any:
@@ -793,11 +1231,22 @@ def _map_type(pa: Any, name: str, typ: Any) -> tuple[str, np.dtype, tuple[int, .
         if value is None or value == np.bool_:
             raise _refuse(name, typ, "tensors of numbers are converted; cast the values")
         shape = tuple(int(d) for d in typ.shape)
+        perm = [int(d) for d in typ.permutation or range(len(shape))]
+        if perm != list(range(len(shape))):
+            # pyarrow itself does not agree on what a permutation means: to_numpy_ndarray()
+            # of permutation [2, 0, 1] gives overlapping strides, and from_numpy_ndarray() of
+            # its result another permutation, so no reading of the values can be checked.
+            raise _refuse(name, typ, f"its permutation {perm} (values stored in the order of "
+                          f"shape {list(shape)}, read as another layout) is not converted; "
+                          "store the tensors in row-major order first "
+                          "(FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(x)) "
+                          "of the layout you mean), or convert the storage (column.storage, "
+                          "a fixed_size_list), or leave it out with columns=")
         more = {"dim_names": list(typ.dim_names)} if typ.dim_names else {}
         return "dense", value, shape, _tensor(shape), more
     if t.is_fixed_size_list(typ):
         value, shape = _fixed_lists(pa, name, typ)
-        return "dense", value, shape, _fixed_list_values(len(shape), shape), {}
+        return "dense", value, shape, _fixed_list_values(shape), {}
     if t.is_list(typ) or t.is_large_list(typ) or t.is_list_view(typ) or \
             t.is_large_list_view(typ):
         inner = typ.value_type
@@ -911,66 +1360,96 @@ def _fixed_binary(k: int) -> Callable[[Any], np.ndarray]:
     return convert
 
 
+_FILL_ELEMENTS = ("pyarrow.compute.fill_null on the flattened values, rebuilt with "
+                  "FixedSizeListArray.from_arrays / ListArray.from_arrays")
+
+
 def _tensor(shape: tuple[int, ...]) -> Callable[[Any], np.ndarray]:
+    """A fixed-shape tensor without a permutation (a permuted one is refused): its storage, a
+    fixed-size list, holds each tensor's values in row-major order, nulls in them refused."""
+    size = math.prod(shape)
+
     def convert(arr: Any) -> np.ndarray:
-        if len(arr) == 0:
-            return np.empty((0, *shape), np.dtype(arr.type.value_type.to_pandas_dtype()))
-        return np.ascontiguousarray(arr.to_numpy_ndarray())
+        values, nulls = _nested(arr.storage, (size,), 0)
+        if nulls is not None:
+            raise _NullValue(int(np.flatnonzero(nulls)[0]), "a null tensor element",
+                             _FILL_ELEMENTS)
+        return values.reshape(len(arr), *shape)
 
     return convert
 
 
-def _fixed_list_values(depth: int, shape: tuple[int, ...]) -> Callable[[Any], np.ndarray]:
+def _fixed_list_values(shape: tuple[int, ...]) -> Callable[[Any], np.ndarray]:
     def convert(arr: Any) -> np.ndarray:
-        n = len(arr)
-        values = arr
-        for level in range(depth):
-            values = values.flatten()  # offset-aware: the slice's values only
-            if values.null_count:
-                raise _NullElement(level + 1)
-        return values.to_numpy(zero_copy_only=False).reshape(n, *shape)
+        values, nulls = _nested(arr, shape, 0)
+        if nulls is not None:
+            row = int(np.flatnonzero(nulls)[0])
+            raise _NullValue(row, f"a null list element (at depth {nulls[row]})", _FILL_ELEMENTS)
+        return values
 
     return convert
 
 
-class _NullElement(DatasetError):
-    """A list holds a null element (raised with the column's name by :meth:`_Leaf.convert`)."""
+def _nested(values: Any, shape: tuple[int, ...], depth: int) -> tuple[np.ndarray,
+                                                                     np.ndarray | None]:
+    """The elements of ``values`` (each ``shape``-nested fixed-size lists of numbers) as
+    ``(len(values), *shape)``, and -- None where nothing is null -- the depth of each element's
+    shallowest null: ``depth`` for the element itself, one more a level down, 0 for none.
+    Every level is checked in full, under a null list too (which flatten() would drop, and
+    with it the mapping of values to rows); the numbers under a null are left as their bytes,
+    for the caller to refuse (or, in a list view, to leave out)."""
+    pc = _pyarrow("pyarrow.compute")
+    nulls: np.ndarray | None = None
+    level, per = values, 1
+    for d in range(len(shape) + 1):
+        if d:
+            # The values of the slice, null lists kept in place (flatten() drops them).
+            level = level.values.slice(level.offset * shape[d - 1], len(level) * shape[d - 1])
+            per *= shape[d - 1]
+        if level.null_count:
+            hit = pc.is_null(level).to_numpy(zero_copy_only=False).reshape(-1, per).any(axis=1)
+            if nulls is None:
+                nulls = np.zeros(len(values), np.int64)
+            nulls[(nulls == 0) & hit] = depth + d
+    if level.null_count:  # the numbers under the nulls, without the validity (no float cast)
+        level = _pyarrow().Array.from_buffers(level.type, len(level), [None, level.buffers()[1]],
+                                              offset=level.offset)
+    return level.to_numpy(zero_copy_only=False).reshape(-1, *shape), nulls
 
-    def __init__(self, level: int) -> None:
-        super().__init__(f"a null list element at depth {level}")
-        self.level = level
+
+def _first_null_row(nulls: np.ndarray | None, bounds: np.ndarray) -> None:
+    """Raises :class:`_NullValue` for the first list (``bounds[i]..bounds[i+1]`` its elements)
+    that holds a null element, if one does."""
+    if nulls is None or not nulls.any():
+        return
+    j = int(np.flatnonzero(nulls)[0])
+    row = int(np.searchsorted(bounds, j, side="right")) - 1  # empty lists skipped
+    raise _NullValue(row, f"a null list element (at depth {nulls[j]})", _FILL_ELEMENTS)
 
 
 def _lists(shape: tuple[int, ...]) -> Callable[[Any], RaggedBatch]:
     def convert(arr: Any) -> RaggedBatch:
         offsets = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        flat = _list_values(arr.flatten(), shape)  # offset-aware: the slice's values only
-        return RaggedBatch(flat, offsets - offsets[0])
+        bounds = offsets - offsets[0]
+        flat, nulls = _nested(arr.flatten(), shape, 1)  # offset-aware: the slice's values only
+        _first_null_row(nulls, bounds)
+        return RaggedBatch(flat, bounds)
 
     return convert
 
 
-def _list_values(values: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """The elements of a list array's values as ``(m, *shape)``, refusing null elements."""
-    if values.null_count:
-        raise _NullElement(1)
-    for level in range(len(shape)):
-        values = values.flatten()
-        if values.null_count:
-            raise _NullElement(level + 2)
-    return values.to_numpy(zero_copy_only=False).reshape(-1, *shape)
-
-
 def _list_views(shape: tuple[int, ...]) -> Callable[[Any], RaggedBatch]:
     """List views may point anywhere in their values (out of order, overlapping): each list's
-    elements are gathered into place (pyarrow 26's cast to a list gets the offsets wrong)."""
+    elements are gathered into place (pyarrow 26's cast to a list gets the offsets wrong).
+    Only the elements some list takes are checked for nulls: the values may hold others."""
     def convert(arr: Any) -> RaggedBatch:
         starts = arr.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
         sizes = arr.sizes.to_numpy(zero_copy_only=False).astype(np.int64)
-        values = _list_values(arr.values, shape)
+        values, nulls = _nested(arr.values, shape, 1)
         bounds = np.zeros(len(sizes) + 1, np.int64)
         np.cumsum(sizes, out=bounds[1:])
         picks = np.repeat(starts - bounds[:-1], sizes) + np.arange(bounds[-1])
+        _first_null_row(None if nulls is None else nulls[picks], bounds)
         return RaggedBatch(values[picks], bounds)
 
     return convert

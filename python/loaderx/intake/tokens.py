@@ -110,6 +110,33 @@ def from_token_stream(path: str | os.PathLike[str], tokens: np.ndarray, eos_id: 
         raise LoaderxValueError("the token stream is empty: there is no document to write")
     schema = dict(options.pop("schema", None) or {})
     schema.setdefault("end_token", eos)  # what pack(eos_id=) should be given back
+    if schema["end_token"] != eos:
+        raise LoaderxValueError(f"schema={{'end_token': {schema['end_token']!r}}} contradicts "
+                                f"the end token {eos}; leave end_token out of schema=")
+    _check_corpus_end_token(path, eos, options)
     from_iterator(path, counted(), codec=cast(Codec, codec),
                   max_record_bytes=max_record_bytes, schema=schema, **options)
     return documents
+
+
+def _check_corpus_end_token(path: str | os.PathLike[str], eos: int,
+                            options: dict[str, Any]) -> None:
+    """An append (the default where a dataset is at ``path``, unless ``overwrite=True`` or
+    ``append=False``) must cut documents at the end token the corpus was cut at: its packed
+    rows put that token back between documents (``pack(eos_id=...)``), so one corpus has one
+    end token, kept in its schema as ``end_token``."""
+    if options.get("overwrite") or options.get("append") is False:
+        return  # a new corpus, or an append refused by from_iterator
+    from loaderx import _schema, staging
+
+    path = os.fspath(path)
+    staging.remove_stale(path)  # as the append would: a replacement a kill cut short, finished
+    if not _schema.is_store(path):
+        return
+    had = _schema.read(path).extra.get("end_token")
+    if had is not None and had != eos:
+        raise LoaderxValueError(
+            f"{path} is a token corpus whose documents end at token {had!r} (its schema's "
+            f"end_token); appending documents cut at {eos} would make pack(eos_id=...) wrong "
+            f"for one of them. Append with eos_id={had!r}, or write another corpus "
+            "(another path, or overwrite=True to replace this one)")
