@@ -184,7 +184,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if _is_table(args.input, sniff=args.split_at is None):
         return _convert_parquet(args)
     if args.resume:
-        raise _UsageError("--resume is for Parquet files (one part per file); other inputs "
+        raise _UsageError("--resume is for Parquet files (converted in parts); other inputs "
                           "are converted in one transaction: run the command again")
     files = _files_source(args.input)
     if files is not None:
@@ -670,8 +670,8 @@ def _parser() -> argparse.ArgumentParser:
     tables.add_argument("--columns", default=None, metavar="NAME,NAME",
                         help="the columns to convert, in this order (default: all)")
     tables.add_argument("--resume", action="store_true",
-                        help="one part per file; run again after an interruption, keep the "
-                        "files an earlier run finished and convert the rest")
+                        help="in parts of consecutive files; run again after an interruption, "
+                        "keep the parts an earlier run finished and convert the rest")
     conv.set_defaults(run=cmd_convert)
 
     ver = sub.add_parser(
