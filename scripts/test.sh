@@ -19,3 +19,5 @@ echo "== pytest"
 "$VPY" -m pytest -q tests
 echo "== pytest under the distribution's python3 (Debian 12: 3.11.2; all but the framework tests)"
 bash "$ROOT/scripts/test_system_python.sh"
+echo "== pytest under free-threaded CPython 3.13t (built once into ~/.cache/loaderx-ft; all but the framework tests)"
+bash "$ROOT/scripts/test_freethreaded.sh"

@@ -7,6 +7,7 @@ import gc
 import os
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import threading
 import time
@@ -442,8 +443,14 @@ def test_buffers_are_recycled_but_never_while_visible(streams):
             np.testing.assert_array_equal(b["label"], expected(step, 16, "cyclic", 3)["label"])
         np.testing.assert_array_equal(kept_view, kept_copy["data"][3:5])
         pools = loader._pipe.pools
-        # 299 batches were handed out, a few buffers served them all.
-        assert all(p.allocated <= loader._pipe.window + 4 for p in pools)
+        # 299 batches were handed out, a few buffers served them all. Free-threaded builds
+        # release a batch dropped by the consumer only once the worker that made it runs
+        # Python again (biased reference counting; see loaderx._recycle), so a buffer looks
+        # busy a little longer there: within what the pool follows (2 * keep), still.
+        bound = loader._pipe.window + 4
+        if sysconfig.get_config_var("Py_GIL_DISABLED"):
+            bound = 2 * pools[0].keep
+        assert all(p.allocated <= bound for p in pools), [p.allocated for p in pools]
         # Batches the consumer keeps are never overwritten.
         keep = [next(loader) for _ in range(40)]
         copies = [b["label"].copy() for b in keep]
@@ -599,14 +606,19 @@ def test_readahead_is_checked(streams):
 def test_in_process_mode_gives_the_batches_of_any_worker_count(streams, mode):
     """num_workers=0 builds each batch on the consumer's thread: no thread is started, and the
     batches (also after seek and across a checkpoint) are those of four workers."""
-    threads = threading.active_count()
+    def running() -> int:
+        # (Not the short-lived helper a free-threaded build makes a new pool buffer on, which
+        # the 4 workers may be doing now: see loaderx._recycle.)
+        return sum(t.name != "loaderx-buffer" for t in threading.enumerate())
+
+    threads = running()
     with DataLoader(streams, batch_size=8, mode=mode, seed=3, num_workers=0) as inline, \
             DataLoader(streams, batch_size=8, mode=mode, seed=3, num_workers=4) as workers:
         for _ in range(7):
             a, b = next(inline), next(workers)
             for name in ("data", "label"):
                 np.testing.assert_array_equal(a[name], b[name])
-        assert threading.active_count() == threads + 4, "only the 4-worker loader has threads"
+        assert running() == threads + 4, "only the 4-worker loader has threads"
         inline.seek(30)
         workers.seek(30)
         np.testing.assert_array_equal(next(inline)["data"], next(workers)["data"])

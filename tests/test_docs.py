@@ -14,6 +14,7 @@ import loaderx.dataloader
 import loaderx.dataset
 import loaderx.intake.growing
 import loaderx.intake.tokens
+import loaderx.mixture
 import loaderx.sharding
 import loaderx.subset
 import loaderx.zrecord
@@ -68,7 +69,7 @@ def test_readme_links_resolve() -> None:
 @pytest.mark.parametrize("module", [loaderx.zrecord, loaderx.converter, loaderx.dataset,
                                     loaderx.dataloader, loaderx.concat, loaderx.sharding,
                                     loaderx.subset, loaderx.intake.tokens,
-                                    loaderx.intake.growing])
+                                    loaderx.intake.growing, loaderx.mixture])
 def test_module_doctests(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

@@ -31,6 +31,9 @@ from loaderx.errors import (
     TokenArrayWarning,
 )
 
+# These tests truncate on purpose; tests/test_mixture.py checks the warning itself.
+pytestmark = pytest.mark.filterwarnings("ignore::loaderx.errors.TruncationWarning")
+
 # Tokens that say where they come from: document d, position p is d * _STRIDE + p + 1.
 _STRIDE = 100_000
 EOS = np.iinfo(np.uint32).max

@@ -23,6 +23,9 @@ import loaderx
 from loaderx import RaggedDataset, from_iterator, pack
 from loaderx.errors import LimitExceededError, LoaderxValueError
 
+# These tests truncate on purpose; tests/test_mixture.py checks the warning itself.
+pytestmark = pytest.mark.filterwarnings("ignore::loaderx.errors.TruncationWarning")
+
 METHODS = ["concat", "first_fit"]
 #: loaderx.packing.MAX_BATCH_TOKENS: a batch's int32 segment ids and positions.
 MAX_BATCH_TOKENS = 2**31 - 1

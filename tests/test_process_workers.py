@@ -45,6 +45,7 @@ from loaderx.errors import (
     RemoteTraceback,
     WorkerError,
 )
+from loaderx.workers.start import gil_enabled
 
 TESTS = pathlib.Path(__file__).parent
 #: Seconds a subprocess may take: only a hang gets near it (2 loaded cores start Python slowly).
@@ -144,7 +145,7 @@ def test_modes_and_default_worker_counts(root):
     cores = len(os.sched_getaffinity(0))
     with DataLoader(dense(root), batch_size=BATCH) as threads:
         assert threads.worker_mode == "thread"
-        assert threads.num_workers == min(4, cores)
+        assert threads.num_workers == (min(4, cores) if gil_enabled() else cores)
         next(threads)
         assert threads.worker_pids == [] and threads.start_method is None
     with process(dense(root), num_workers=None) as loader:

@@ -19,6 +19,8 @@ public names are importable from here::
   ``{column: dataset}``; :func:`from_token_stream` cuts a flat token file into documents.
 * :mod:`loaderx.packing` -- :func:`pack`: token documents as fixed-length rows (packed
   sequences with segment ids and positions) for language models.
+* :mod:`loaderx.mixture` -- :func:`mix`: several datasets as one stream in exact proportions
+  (weights or a schedule), for data mixtures.
 * :mod:`loaderx.zrecord` -- :class:`Zrecord`, the raw byte-record store underneath.
 * :mod:`loaderx.errors` -- the exception hierarchy (base :class:`LoaderxError`, alias
   ``ZrecordError``).
@@ -65,6 +67,7 @@ from loaderx.intake import (
     from_webdataset,
     open_dataset,
 )
+from loaderx.mixture import Mixture, mix
 from loaderx.packing import PackedDataset, pack
 from loaderx.prefetch import Prefetcher
 from loaderx.sampler import Mode, Sampler
@@ -82,4 +85,5 @@ __all__ = [
     "decode_strings", "from_arrow", "open_dataset",  # loaderx.intake
     "from_image_folder", "from_token_stream", "from_webdataset", "append_dataset",
     "delete_rows",
+    "Mixture", "mix",  # loaderx.mixture
 ]

@@ -9,18 +9,22 @@ buffers for the threads, a shared-memory segment for a process.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from loaderx import _native
+from loaderx._stats import Clock
 from loaderx.context import BatchContext
 from loaderx.dataset import _ragged_layout, _ragged_views
 from loaderx.errors import LoaderxTypeError, LoaderxValueError
 
 __all__ = ["Builder", "ContextMaker", "EndlessRows", "Failure", "Job", "Memory", "PassRows", "Rows",
            "stop_iteration"]
+
+_ns = time.perf_counter_ns
 
 
 class Rows(NamedTuple):
@@ -100,8 +104,12 @@ class Builder:
         # The streams' companion arrays (see loaderx.source), merged into each batch.
         self.companions = [getattr(ds, "companions", None) for ds in streams.values()]
 
-    def produce(self, step: int, memory: Memory) -> Any:
-        """Batch ``step``, transformed."""
+    def produce(self, step: int, memory: Memory, clock: Clock | None = None) -> Any:
+        """Batch ``step``, transformed. With a ``clock`` (statistics on: see
+        :mod:`loaderx._stats`), each stage is timed into it -- and traced as a named range
+        while a framework profiler records."""
+        if clock is not None:
+            return self._produce_timed(step, memory, clock)
         stage = "building the batch"
         try:
             rows = self.rows_of(step)
@@ -118,19 +126,65 @@ class Builder:
             # Raised from next() it would silently end the consumer's `for` loop; made a
             # RuntimeError as PEP 479 does for generators.
             raise stop_iteration(e, stage, step) from e
+        return self._masked(out, rows)
+
+    def _masked(self, out: Any, rows: Rows) -> Any:
         if rows.valid is not None and self.mask_key is not None and isinstance(out, dict) \
                 and self.mask_key not in out:
             out[self.mask_key] = rows.valid  # a collate that built a new dict keeps the mask
         return out
 
-    def build(self, idx: np.ndarray, memory: Memory) -> dict[str, Any]:
-        """Every stream gathered at ``idx`` into ``memory``, plus their companion arrays."""
+    def _produce_timed(self, step: int, memory: Memory, clock: Clock) -> Any:
+        """:meth:`produce`, each stage timed into ``clock`` (and traced while a profiler
+        records): a few clock reads per batch."""
+        ns = _ns
+        trace = clock.trace()
+        sizes: list[int] = []
+        stage = "building the batch"
+        try:
+            t0 = ns()
+            if trace is None:
+                rows = self.rows_of(step)
+                t1 = ns()
+                batch = self.build(rows.indices, memory, sizes)
+            else:
+                with trace("loaderx.sample"):
+                    rows = self.rows_of(step)
+                t1 = ns()
+                with trace("loaderx.read"):
+                    batch = self.build(rows.indices, memory, sizes)
+            t2 = ns()
+            if rows.valid is not None and self.mask_key is not None:
+                batch[self.mask_key] = rows.valid
+            stage = "transform"
+            transform = self.transform
+            ctx = (None if self.context is None
+                   else self.context(step, rows.positions, rows.indices))
+            if trace is None:
+                out = transform(batch) if ctx is None else transform(batch, ctx=ctx)
+            else:
+                with trace("loaderx.transform"):
+                    out = transform(batch) if ctx is None else transform(batch, ctx=ctx)
+            t3 = ns()
+        except StopIteration as e:
+            raise stop_iteration(e, stage, step) from e
+        clock.sample, clock.read, clock.transform = t1 - t0, t2 - t1, t3 - t2
+        clock.start, clock.finish = t0, t3
+        clock.nbytes = sum(sizes)
+        clock.cold = self.going_to_disk()
+        return self._masked(out, rows)
+
+    def build(self, idx: np.ndarray, memory: Memory,
+              sizes: list[int] | None = None) -> dict[str, Any]:
+        """Every stream gathered at ``idx`` into ``memory``, plus their companion arrays;
+        ``sizes``, if given, gets the byte size of every stream's part."""
         shards = max(1, _native.num_threads() // max(1, self.workers))
         n = len(idx)
         # Ragged streams: the records' lengths first (one call each), so that the whole
         # batch's size is known before any memory is taken.
         layouts: list[tuple[np.ndarray, np.ndarray, int] | None] = []
-        sizes = []
+        if sizes is None:
+            sizes = []
         for s in self.streams:
             if s.ragged:
                 nbytes = s.ds.record_nbytes(idx)

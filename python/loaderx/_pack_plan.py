@@ -193,6 +193,9 @@ class FirstFitPlan:
         size_dtype = _size_dtype(top)
         #: Tokens each document takes in its row.
         self.sizes = np.minimum(lengths, room).astype(size_dtype)
+        #: The documents' own tokens, and how many of them the rows keep.
+        self.document_tokens = int(lengths.sum(dtype=np.int64)) if n else 0
+        self.kept_tokens = int(self.sizes.sum(dtype=np.int64)) if n else 0
         if self.eos:
             self.sizes += size_dtype(1)
         counts = np.bincount(self.sizes, minlength=top + 1)

@@ -18,14 +18,35 @@ Dense streams take fixed-size buffers from a :class:`BufferPool`; ragged streams
 differ in size, take them from a :class:`GrowingPool`, and every record of a ragged batch is a
 view of its batch's leased array, so the buffer returns only when the consumer has dropped the
 last record of the batch.
+
+Free-threaded interpreters (3.13t, 3.14t) count an object's references in two fields: one its
+creating thread updates alone, one every other thread updates atomically (biased reference
+counting), and ``sys.getrefcount`` adds the two with two separate loads. A reference moving
+from one field to the other between those loads (the creating thread takes a view of an array
+another thread then drops) could read one short -- a buffer in use seen as free. So there the
+owner is made on a short-lived helper thread that drops its own references while the pool holds
+one: CPython then *merges* the counts for good (no owning thread; every count change is one
+atomic update of one field), and the count the pool reads is exact. What remains is that
+CPython defers a release by another thread of an object whose count sits in its creator's
+field until the creator runs Python again (the consumer dropping a batch a worker built): a
+buffer may look busy a little longer -- never free too early -- so a few more buffers rotate
+(the pool still follows at most ``2 * keep``).
 """
 
 from __future__ import annotations
 
 import sys
+import sysconfig
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
+
+_T = TypeVar("_T")
+
+#: Whether reference counts are biased (free-threaded build): see the module documentation.
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 
 #: Byte alignment of the buffers handed out. Raw records sit in their chunk at offsets that are
 #: multiples of their size, so with 64-byte-aligned rows source and destination are aligned alike
@@ -33,12 +54,47 @@ import numpy as np
 ALIGN = 64
 
 
-def aligned_empty(nbytes: int) -> np.ndarray:
+def aligned_empty(nbytes: int, *, merged: bool = False) -> np.ndarray:
     """An uninitialized uint8 array of ``nbytes`` starting on an :data:`ALIGN`-byte boundary
-    (NumPy's large arrays start 16 bytes into a page)."""
-    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    (NumPy's large arrays start 16 bytes into a page); with ``merged``, its owner's reference
+    count is merged on a free-threaded build (see the module documentation)."""
+    def make() -> np.ndarray:
+        return np.empty(nbytes + ALIGN, dtype=np.uint8)
+
+    raw = _merged(make) if merged and FREE_THREADED else make()
     skip = -raw.__array_interface__["data"][0] % ALIGN
     return raw[skip:skip + nbytes]
+
+
+def _merged(make: Callable[[], _T]) -> _T:
+    """``make()``, made on a helper thread that drops its references only after this thread
+    holds one: CPython merges the object's two reference counts then (free-threaded builds).
+    Where no thread can start (interpreter shutdown), ``make()`` on this thread."""
+    box: list[_T] = []
+    made, taken = threading.Event(), threading.Event()
+
+    def helper() -> None:
+        try:
+            box.append(make())
+        finally:
+            made.set()
+        taken.wait()
+        box.clear()  # the helper's last reference: the counts merge (this thread holds one)
+
+    thread = threading.Thread(target=helper, name="loaderx-buffer", daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:
+        return make()
+    made.wait()
+    if not box:  # make() raised (MemoryError): raise it here
+        taken.set()
+        thread.join()
+        return make()
+    result = box[0]
+    taken.set()
+    thread.join()
+    return result
 
 
 class _Buffer:
@@ -47,8 +103,9 @@ class _Buffer:
 
     __slots__ = ("owner", "view", "idle_refs")
 
-    def __init__(self, nbytes: int) -> None:
-        self.view = aligned_empty(nbytes)
+    def __init__(self, nbytes: int, followed: bool = True) -> None:
+        # Only a buffer the pool follows has its count read from other threads.
+        self.view = aligned_empty(nbytes, merged=followed)
         self.owner = self.view.base if self.view.base is not None else self.view
         self.idle_refs = 0
         # Counted by the same call `free` makes, so that its own temporaries count alike.
@@ -82,9 +139,10 @@ class BufferPool:
             for b in self._buffers:
                 if b.free():
                     return np.ndarray(shape, dtype, b.view), b.view
-            b = _Buffer(self.nbytes)
+            follow = not self.closed and len(self._buffers) < 2 * self.keep
+            b = _Buffer(self.nbytes, follow)
             self.allocated += 1
-            if not self.closed and len(self._buffers) < 2 * self.keep:
+            if follow:
                 self._buffers.append(b)
             return np.ndarray(shape, dtype, b.view), b.view
 
@@ -129,13 +187,14 @@ class GrowingPool:
                 want = -(-(nbytes + nbytes // 4) // grain) * grain or grain
                 self.capacity = max(self.capacity, want)
                 self.allocated += 1
-                found = _Buffer(self.capacity)
             # Outgrown buffers go once nobody sees them; a new one takes a place left.
             self._buffers = [b for b in self._buffers
                              if len(b.view) >= self.capacity or not b.free()]
-            if (found not in self._buffers and not self.closed
-                    and len(self._buffers) < 2 * self.keep):
-                self._buffers.append(found)
+            if found is None:
+                follow = not self.closed and len(self._buffers) < 2 * self.keep
+                found = _Buffer(self.capacity, follow)
+                if follow:
+                    self._buffers.append(found)
             return found.view[:nbytes]
 
     def close(self) -> None:

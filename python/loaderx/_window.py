@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from loaderx._batch import Failure
+from loaderx._stats import Collector
 from loaderx.errors import LoaderClosedError
 
 __all__ = ["RECHECK_SECONDS", "Window", "same_process"]
@@ -66,6 +67,7 @@ class Window:
         self.notifying = False          # inside cond.notify_all (see notify)
         self.pid = os.getpid()
         self.born = _forks[0]           # see same_process
+        self.collector: Collector | None = None  # statistics (None: off)
 
     @property
     def step(self) -> int:
@@ -139,6 +141,8 @@ class Window:
         here, at its step, and closes the pipeline."""
         if not same_process(self.born):
             raise LoaderClosedError(self.forked_message)
+        collector = self.collector
+        began = collector.begin() if collector is not None else None
         taken = False
         try:
             with self.cond:
@@ -148,6 +152,7 @@ class Window:
                     raise StopIteration
                 if not self._started():
                     self._start()
+                queued = len(self.ready)
                 # Several threads may consume one loader: each takes whichever step is next
                 # when it is ready, so the position is read again after every wait.
                 while self.next_step not in self.ready:
@@ -157,26 +162,38 @@ class Window:
                     self._wait()
                 step, generation = self.next_step, self.generation
                 item = self.ready[step]
-                failed = isinstance(item, Failure)
                 # No call from here to `taken = True`: a signal handler runs only after a call
                 # or at a backward jump, so an interrupt cannot land between consuming the step
-                # and recording that it was (dict.pop would open such a gap). From here to the
-                # return, every call is inside this try.
+                # and recording that it was (dict.pop would open such a gap, and so did the
+                # isinstance() that stood here before it moved below: a handler's close() as
+                # it returned emptied `ready` under this frame, a KeyError seen under 3.13t).
+                # From here to the return, every call is inside this try.
                 del self.ready[step]
                 self.next_step = step + 1
                 taken = True
+                failed = isinstance(item, Failure)
                 self.notify()
                 self._moved()
+                if began is not None:  # (an interrupt in here gives the step back, as above)
+                    self._record(began, queued)
         except BaseException:
             # An interrupt (KeyboardInterrupt from a signal handler inside notify or the
             # condition's __enter__/__exit__, which are Python code) must neither lose a
             # consumed step nor leave the lock held.
             self._recover((step, generation, item) if taken else None)
+            if began is not None and collector is not None:
+                collector.abandon(began)
             raise
         if failed:
             self.stop()
             raise item.error
         return item
+
+    def _record(self, began: tuple[int, Any], queued: int) -> None:
+        """The consumer's ``next()`` that ``began`` got its batch, ``queued`` batches having
+        been ready when it asked (called with the lock held)."""
+        if self.collector is not None:
+            self.collector.end(began, queued)
 
     def _recover(self, consumed: tuple[int, int, Any] | None) -> None:
         """Cleans up after an exception in :meth:`take`: releases the lock if an interrupt

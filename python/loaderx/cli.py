@@ -11,12 +11,16 @@ Commands::
     loaderx verify DIR [--json]       ... of every column's store of a dataset directory, and
                                       that each is what the manifest says (exit 3 if not)
     loaderx copy SRC DST [--overwrite]   copy a store or dataset directory, holes kept, checked
-    loaderx pack SRC ARCHIVE          one tar archive of a store or dataset directory (.tar,
-                                      .tar.gz, .tar.xz, ...)
+    loaderx archive SRC ARCHIVE       one tar archive of a store or dataset directory (.tar,
+                                      .tar.gz, .tar.xz, ...); ``loaderx pack`` is its old
+                                      name (unrelated to ``loaderx.pack()``, packed sequences)
     loaderx unpack ARCHIVE DST [--overwrite]   the store or dataset directory of an archive,
                                       checked, into a new directory
     loaderx compact STORE             reclaim the space of deleted records
     loaderx bench [LAYER]             run the benchmark harness (scripts/bench.py)
+    loaderx profile DATA [--transform module:function] [--plot out.png]   the loader's speed
+                                      at several worker counts in both worker modes, each
+                                      stage's time, and the ceilings (loaderx.profiling)
 
 Exit status (one per kind of failure, so scripts can tell them apart):
 
@@ -24,7 +28,9 @@ Exit status (one per kind of failure, so scripts can tell them apart):
     1  ``verify`` found damaged records (the store itself opened; in a dataset directory,
        every store opened and is what the manifest says)
     2  bad usage or input: a missing path, a file that is not a store, an unreadable .npy,
-       an argument or dataset that does not fit (DatasetError, LoaderxValueError, ...)
+       an argument or dataset that does not fit (DatasetError, LoaderxValueError, ...);
+       for ``profile``, a transform that cannot be imported or that raises, or ``--plot``
+       without matplotlib
     3  a store or archive that cannot be trusted (CorruptStoreError, MissingDictionaryError);
        from ``verify`` of a dataset directory: a column's store is missing, cannot be opened,
        or is not of the kind, dtype, shape or row count its manifest says
@@ -563,6 +569,10 @@ def _verified(report: dict[str, Any]) -> str:
 def cmd_pack(args: argparse.Namespace) -> int:
     from loaderx.archive import pack
 
+    if args.command == "pack":
+        print("loaderx: 'loaderx pack' is the old name of 'loaderx archive' (a tar archive of a "
+              "store or dataset directory; loaderx.pack() in Python packs token sequences)",
+              file=sys.stderr)
     _source(args.src)
     r = pack(args.src, args.archive)
     print(f"{args.archive}: {_holds(r)}, {r['bytes_packed']} bytes of data of "
@@ -590,6 +600,65 @@ def cmd_compact(args: argparse.Namespace) -> int:
           f"{_size(r['chunk_bytes_before'])} -> {_size(r['chunk_bytes_after'])}, "
           f"{r['chunks_removed']} chunk file(s) removed")
     return EXIT_OK
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from loaderx import profiling
+
+    if args.plot is not None:
+        try:
+            profiling.check_plot(args.plot)
+        except profiling.ProfileError as e:
+            raise _UsageError(f"--plot: {e}; nothing was run") from None
+    if args.transform is not None and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: a module of this directory
+    workers = _int_list(args.workers, "--workers")
+    modes = [m for m in args.modes.split(",") if m] if args.modes else list(profiling.MODES)
+    for mode in modes:
+        if mode not in profiling.MODES:
+            raise _UsageError(f"--modes: {mode!r} is not a worker mode (thread, process)")
+    for path in args.data:
+        if not os.path.exists(path):
+            raise _UsageError(f"{path}: no such file or directory")
+    quiet = args.json or not sys.stderr.isatty()
+
+    def progress(line: str) -> None:
+        if not quiet:
+            print(f"  {line}", file=sys.stderr)
+
+    try:
+        report = profiling.profile(args.data if len(args.data) > 1 else args.data[0],
+                                   args.batch_size, args.transform, workers=workers,
+                                   modes=modes,
+                                   seconds=args.seconds, budget=args.budget,
+                                   start_method=args.start_method, plot=args.plot,
+                                   progress=progress)
+    except profiling.ProfileError as e:
+        raise _UsageError(str(e)) from None
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(report.table())
+        if args.plot is not None:
+            print(f"plot: {args.plot}")
+    failed = [r for r in report.runs if r.error is not None]
+    if report.runs and len(failed) == len(report.runs):
+        raise _UsageError(f"every run failed; the first ({failed[0].mode}, "
+                          f"num_workers={failed[0].workers}): {failed[0].error}")
+    return EXIT_OK
+
+
+def _int_list(text: str | None, flag: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise _UsageError(f"{flag}: expected integers separated by commas, got {text!r}") \
+            from None
+    if not values or any(v < 1 for v in values):
+        raise _UsageError(f"{flag}: expected positive integers, got {text!r}")
+    return values
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -702,20 +771,25 @@ def _parser() -> argparse.ArgumentParser:
                     help="replace a loaderx store or dataset directory at DST (atomically)")
     cp.set_defaults(run=cmd_copy)
 
-    pk = sub.add_parser("pack", help="write a store or a dataset directory into one tar "
-                                     "archive, holes kept (compressed by suffix: .tar.gz, "
-                                     ".tar.xz, .tar.bz2)",
-                        description="Writes a store or a dataset directory (whole: its "
-                        "manifests and every store, under one folder) into one tar archive, "
-                        "holes kept; files the manifests do not name are left out and listed.")
-    pk.add_argument("src", help="a store or a dataset directory")
-    pk.add_argument("archive", help="a new file")
-    pk.set_defaults(run=cmd_pack)
+    for command in ("archive", "pack"):
+        old = command == "pack"
+        pk = sub.add_parser(
+            command, help=("the old name of 'archive'" if old else
+                           "write a store or a dataset directory into one tar archive, holes "
+                           "kept (compressed by suffix: .tar.gz, .tar.xz, .tar.bz2)"),
+            description=("'loaderx pack' is the old name of 'loaderx archive' (unrelated to "
+                         "loaderx.pack(), which packs token sequences). " if old else "")
+            + "Writes a store or a dataset directory (whole: its manifests and every store, "
+            "under one folder) into one tar archive, holes kept; files the manifests do not "
+            "name are left out and listed.")
+        pk.add_argument("src", help="a store or a dataset directory")
+        pk.add_argument("archive", help="a new file")
+        pk.set_defaults(run=cmd_pack)
 
     up = sub.add_parser(
         "unpack", help="unpack an archive of a store or a dataset directory into a new "
         "directory, checked",
-        description="Unpacks an archive of a store or a dataset directory (from pack, tar "
+        description="Unpacks an archive of a store or a dataset directory (from archive, tar "
         "--sparse or tar), read strictly: only the layout's paths, each manifest checked as "
         "it comes; the directory is built aside and renamed into place only once it holds "
         "exactly what its manifests name, every record decoded. A bad archive is refused "
@@ -736,6 +810,36 @@ def _parser() -> argparse.ArgumentParser:
                        help="sampler, store, loader or all (default)")
     bench.add_argument("--repeats", type=int, default=None)
     bench.set_defaults(run=cmd_bench)
+
+    prof = sub.add_parser(
+        "profile", help="how fast the loader goes on a dataset, at several worker counts in "
+        "both worker modes, and what limits it",
+        description="Runs the DataLoader on DATA for a bounded time at several worker counts "
+        "in both worker modes and prints batches/s and the mean time per batch of each stage "
+        "(index sampling, store read and decode, transform, hand-off), the consumer's wait, "
+        "the workers' busy fraction and the cores busy, beside two ceilings: the store "
+        "gather alone (no loader) and the transform alone on one thread. A transform that "
+        "cannot be imported or that raises is reported before any loader runs (exit 2).")
+    prof.add_argument("data", nargs="+", help="a dataset directory, or one or more stores "
+                      "(one stream each, named after its directory)")
+    prof.add_argument("--batch-size", type=int, default=256, metavar="N")
+    prof.add_argument("--transform", default=None, metavar="MODULE:FUNCTION",
+                      help="the transform to run on each batch (a module of the current "
+                      "directory, or any importable one)")
+    prof.add_argument("--workers", default=None, metavar="N,N",
+                      help="worker counts to try (default: 1, 2, 4, ... and the core count)")
+    prof.add_argument("--modes", default=None, metavar="MODE,MODE",
+                      help="thread, process or both (default)")
+    prof.add_argument("--seconds", type=float, default=2.0,
+                      help="how long each run takes batches, after its warm-up (default 2)")
+    prof.add_argument("--budget", type=float, default=50.0,
+                      help="start no run after this many seconds (default 50)")
+    prof.add_argument("--start-method", default=None, choices=["fork", "forkserver", "spawn"],
+                      help="how worker processes start (default: the loader's choice)")
+    prof.add_argument("--plot", default=None, metavar="OUT.png",
+                      help="draw batches/s against the worker count per mode (matplotlib)")
+    prof.add_argument("--json", action="store_true", help="the measurements as JSON")
+    prof.set_defaults(run=cmd_profile)
     return p
 
 

@@ -131,7 +131,20 @@ class ConcatDataset:
     class in each part. :func:`loaderx.intake.append_dataset` appends one dataset to another
     with the class names mapped onto one numbering. Parts with the same class names, or
     without any, concatenate as they are.
+
+    A part may be a :class:`~loaderx.subset.Subset` of a dataset (or of a concatenation):
+    ``ConcatDataset([RaggedDataset(a), RaggedDataset(b).subset(idx)])`` is then the
+    :class:`~loaderx.subset.Subset` of the concatenation of the whole datasets that holds the
+    parts' records in order -- what ``pack()``, ``split()`` and the loader read like any subset.
     """
+
+    def __new__(cls, parts: Sequence[Any] = (), *args: Any, **kwargs: Any) -> Any:
+        from loaderx.subset import Subset
+
+        if not isinstance(parts, (str, os.PathLike)) and \
+                any(isinstance(p, Subset) for p in parts):
+            return _of_subsets(list(parts), bool(kwargs.get("verify_reads", False)))
+        return super().__new__(cls)
 
     def __init__(self, parts: Sequence[Any], *, verify_reads: bool = False,
                  _classes: Sequence[Any] | None = None) -> None:
@@ -307,6 +320,26 @@ class ConcatDataset:
         if len(idxs):
             self.gather_at(idxs, buf, offsets)
         return _ragged_views(buf, offsets, nbytes, self.dtype, self.item_shape)
+
+
+def _of_subsets(parts: list[Any], verify_reads: bool) -> Any:
+    """``ConcatDataset(parts)`` where some parts are subsets: the subset, in the parts' order,
+    of the concatenation of the whole datasets under them."""
+    from loaderx.subset import Subset
+
+    whole: list[Any] = []
+    index: list[np.ndarray] = []
+    start = 0
+    for part in parts:
+        base, idx = (part.dataset, part.indices) if isinstance(part, Subset) else (part, None)
+        inner = base.parts if isinstance(base, ConcatDataset) else [base]
+        opened = [_open_part(p, verify_reads) for p in inner]
+        whole.extend(opened)
+        n = sum(len(p) for p in opened)
+        index.append(np.arange(start, start + n, dtype=np.uint64) if idx is None
+                     else idx.astype(np.uint64) + np.uint64(start))
+        start += n
+    return Subset(ConcatDataset(whole, verify_reads=verify_reads), np.concatenate(index))
 
 
 def _reopen(parts: list[Any], verify_reads: bool,

@@ -99,7 +99,10 @@ streams and the transform pickle, else ``"fork"``; see :mod:`loaderx.workers.sta
 transform that releases the GIL (NumPy on whole batches, a gather alone, Pillow's decode)
 threads cost less: the process handoff costs tens of microseconds per batch.
 
-``num_workers=None`` (the default) is ``min(4, cores)`` threads or one process per core.
+``num_workers=None`` (the default) is ``min(4, cores)`` threads or one process per core; on a
+free-threaded interpreter (3.13t, 3.14t, the GIL off) one thread per core, and threads are then
+the answer to a Python-heavy transform too: they run it in parallel without a handoff between
+processes (``worker_mode="process"`` stays available).
 
 Readahead: batch ``k`` is known in advance for every ``k``, so when a step is claimed the
 loader can also ask the kernel (``Zrecord.prefetch``) to start reading the records of the next
@@ -133,15 +136,17 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from loaderx._batch import Builder, ContextMaker, EndlessRows, Failure, Job, PassRows
 from loaderx._recycle import BufferPool, GrowingPool
+from loaderx._stats import Clock, Collector, LoaderStats, stats_default
 from loaderx._window import RECHECK_SECONDS, Window, same_process
 from loaderx.errors import LoaderClosedError, LoaderxTypeError, LoaderxValueError
+from loaderx.mixture import ordered_streams
 from loaderx.sampler import (
     _MAX_BATCH,
     Mode,
@@ -217,7 +222,8 @@ class DataLoader:
       each stream at the same indices (a ragged stream as a list of arrays).
     * ``batch_size`` -- records per batch (the global batch when sharded).
     * ``num_workers`` -- prefetch threads or worker processes; ``0`` builds each batch on the
-      consumer's thread; None (default): ``min(4, cores)`` threads, or one process per core.
+      consumer's thread; None (default): ``min(4, cores)`` threads (one per core on a
+      free-threaded interpreter), or one process per core.
     * ``prefetch_size`` -- finished batches kept ready ahead of the consumer.
     * ``mode`` -- ``"cyclic"`` (default: a fresh permutation per cycle), ``"iid"`` (with
       replacement) or ``"sequential"``; also a :class:`~loaderx.sampler.Mode` or 0/1/2.
@@ -232,6 +238,8 @@ class DataLoader:
       transforms that hold the GIL (see the module documentation).
     * ``start_method`` -- how worker processes start: None or ``"auto"`` (forkserver when the
       streams and the transform pickle, else fork), ``"fork"``, ``"forkserver"``, ``"spawn"``.
+    * ``stats`` -- record where the time goes, for :meth:`stats` (default on: a few clock
+      reads per batch; ``LOADERX_STATS=0`` turns the default off; see :mod:`loaderx._stats`).
 
     ``transform`` (the collate step) takes the batch dict and returns what ``next()`` yields;
     it runs on the prefetch threads. An exception it raises reaches the consumer at that step
@@ -256,6 +264,7 @@ class DataLoader:
         readahead: int | None = None,
         worker_mode: str = "thread",
         start_method: str | None = None,
+        stats: bool | None = None,
     ) -> None:
         if not isinstance(streams, Mapping) or not streams:
             raise LoaderxValueError("streams must be a non-empty dict of {name: DenseDataset}")
@@ -269,6 +278,8 @@ class DataLoader:
                     "RaggedDataset, a ConcatDataset or Subset of one, or an object with the "
                     "members loaderx.source lists")
         _check_companion_names(streams)
+        # Mixtures (loaderx.mixture) set the order: their positions are read in turn.
+        self._ordered = ordered_streams(streams, _mode(mode), _u64(batch_size, "batch_size", 1))
         lengths = {name: len(ds) for name, ds in streams.items()}
         if len(set(lengths.values())) != 1:
             raise LoaderxValueError(f"streams must have the same length, got {lengths}")
@@ -286,6 +297,7 @@ class DataLoader:
                                     f"got {start_method!r}")
         self._worker_mode = worker_mode
         self._start_method = start_method
+        self._stats = stats_default() if stats is None else bool(stats)
         self._num_workers = (default_workers(worker_mode) if num_workers is None
                              else _u64(num_workers, "num_workers", 0))
         self._prefetch = _u64(prefetch_size, "prefetch_size", 1)
@@ -300,7 +312,8 @@ class DataLoader:
         # by the endless next(), which would have to draw it without replacement.
         self._sampler: Sampler | None = None
         if not (self._mode is Mode.CYCLIC and self._batch_size > length):
-            self._sampler = Sampler(length, self._batch_size, self._mode, self._seed)
+            self._sampler = Sampler(length, self._batch_size,
+                                    Mode.SEQUENTIAL if self._ordered else self._mode, self._seed)
         self._shard = _shard_rows(self._batch_size, shard_index, shard_count)
         self._transform = transform
         self._wants_ctx = _wants_ctx(transform)
@@ -321,7 +334,7 @@ class DataLoader:
         # Prefetchers holding batches taken ahead of the training loop (loaderx.prefetch, e.g.
         # prefetch_to_device): state_dict() points at the first batch they have not handed on,
         # and seek() makes them drop what they hold.
-        self._readers_ahead: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._readers_ahead = _ReadersAhead()
 
     def _pipeline(self, rows_of: Callable[[int], Any], job: Job, start_step: int, rows: int,
                   readahead: int, steps: int | None, mask_key: str | None,
@@ -336,10 +349,10 @@ class DataLoader:
             entropy = (normalize_seed(self._seed), kind, pass_number, start_step, index)
             return ProcessPipeline(self._streams, rows_of, job, mask_key, start_step,
                                    self._num_workers, self._prefetch, readahead, steps,
-                                   self._start_method, entropy)
+                                   self._start_method, entropy, self._stats)
         builder = Builder(self._streams, rows_of, job, self._num_workers, mask_key)
         return _Pipeline(builder, start_step, self._num_workers, self._prefetch, rows,
-                         readahead, steps)
+                         readahead, steps, self._stats)
 
     def _job(self, transform: Callable[..., Any], pass_id: int | None) -> Job:
         """What the pipeline runs on each batch: the transform, and how to build its ctx."""
@@ -389,7 +402,15 @@ class DataLoader:
         ``drop_last=True`` (hosts would otherwise get arrays of different shapes).
 
         ``pass_id`` keys the random numbers a ``ctx`` transform gets (passes with one
-        ``pass_id`` augment alike; another gives other numbers)."""
+        ``pass_id`` augment alike; another gives other numbers).
+
+        A mixture (:func:`loaderx.mix`) has no end, and a pass is refused: see
+        :mod:`loaderx.mixture`."""
+        if self._ordered:
+            raise LoaderxValueError(
+                "a mixture has no end (its small sources cycle, its large ones are drawn "
+                "without end), so it has no pass; evaluate on each source's own loader "
+                "(DataLoader({'x': source}).epoch()), or take a number of steps")
         return Pass(self, drop_last=bool(drop_last), pad=bool(pad), mask_key=mask_key,
                     pass_id=_u64(pass_id, "pass_id", 0))
 
@@ -475,7 +496,12 @@ class DataLoader:
         if diff:
             raise LoaderxValueError(
                 f"the checkpoint is for a differently configured loader ({', '.join(diff)}); "
-                "resuming would give other batches")
+                "resuming would give other batches"
+                + ("" if theirs["batch_size"] == ours["batch_size"] else
+                   ". To go on with another batch size, start the new loader at start_step="
+                   "rows_seen // new_batch_size (rows_seen = the checkpoint's step * its "
+                   "batch_size): a mixture then continues its order exactly; a cyclic loader "
+                   "starts another permutation"))
         self.seek(_state_int(state["step"], "step"))
 
     # -- configuration -------------------------------------------------------------------------
@@ -549,6 +575,17 @@ class DataLoader:
     def closed(self) -> bool:
         return self._pipe.closed
 
+    def stats(self) -> LoaderStats:
+        """Where the time went, since the first batch and since the last call: per stage
+        (index sampling, store read and decode, transform, hand-off, workers waiting for a
+        free slot, the consumer's wait in ``next()``) counts, totals, mean, p50 and p99; bytes
+        read and batches read from the device; the prefetch queue's occupancy; the workers'
+        busy fraction and the cores busy; the fraction of the time the consumer waited.
+        ``stats().summary()`` (and ``print(stats())``) says whether the loop is input-bound
+        and what to change. Worker processes report theirs with their batches. Off
+        (``stats=False``): a snapshot whose summary says so."""
+        return _snapshot(self._pipe, self._worker_mode, self._num_workers)
+
     def close(self) -> None:
         """Stops the prefetch threads, waiting for them a second at most in all (a thread
         still inside a transform then ends on its own, its batch discarded); the datasets stay
@@ -571,6 +608,32 @@ class DataLoader:
                 + (f", shard={self.shard_index}/{self.shard_count}" if self.shard_count > 1
                    else "")
                 + f"{', closed' if self.closed else ''})")
+
+
+class _ReadersAhead:
+    """The prefetchers reading a loader ahead (held weakly): ``add``, ``discard`` and iteration
+    over a snapshot, safe from several threads. (A ``weakref.WeakSet`` is not: iterating it
+    while another thread adds a prefetcher raised "Set changed size during iteration" from
+    ``state_dict()``, with the GIL too.)"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._refs: tuple[weakref.ref[Any], ...] = ()
+
+    def add(self, reader: Any) -> None:
+        with self._lock:
+            self._refs = (*self._live(reader), weakref.ref(reader))
+
+    def discard(self, reader: Any) -> None:
+        with self._lock:
+            self._refs = self._live(reader)
+
+    def _live(self, leaving: Any) -> tuple[weakref.ref[Any], ...]:
+        return tuple(r for r in self._refs if r() is not None and r() is not leaving)
+
+    def __iter__(self) -> Iterator[Any]:
+        readers = [r() for r in self._refs]  # one read of a tuple: a consistent snapshot
+        return iter([reader for reader in readers if reader is not None])
 
 
 def _same(value: Any) -> Any:
@@ -616,6 +679,7 @@ class Pass:
         rows_of = PassRows(length, b, index, per_shard, full, last, pad)
         self._rows_of = rows_of
         self._len = steps
+        self._mode, self._workers = loader.worker_mode, loader.num_workers
         self._done = False
         self._pipe = loader._pipeline(
             rows_of, loader._job(loader._transform, pass_id), 0,
@@ -644,6 +708,10 @@ class Pass:
         """The index of the batch ``next()`` returns next."""
         return self._pipe.step
 
+    def stats(self) -> LoaderStats:
+        """The pass's statistics, as :meth:`DataLoader.stats` gives the loader's."""
+        return _snapshot(self._pipe, self._mode, self._workers)
+
     def batch_indices(self, step: int) -> np.ndarray:
         """The record indices this process loads for batch ``step`` of the pass (padding rows
         included), without loading them: their count is the batch's row count here."""
@@ -661,6 +729,14 @@ class Pass:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _snapshot(pipe: Any, mode: str, workers: int) -> LoaderStats:
+    collector = pipe.collector
+    if collector is None:
+        return LoaderStats.off(mode, workers)
+    snapshot: LoaderStats = collector.snapshot()
+    return snapshot
 
 
 def _check_companion_names(streams: Mapping[str, Any]) -> set[str]:
@@ -743,7 +819,8 @@ class _Pipeline(Window):
                       "survive fork -- create it in the child")
 
     def __init__(self, builder: Builder, start_step: int, workers: int, prefetch: int,
-                 rows: int, readahead: int = 0, steps: int | None = None) -> None:
+                 rows: int, readahead: int = 0, steps: int | None = None,
+                 stats: bool = False) -> None:
         super().__init__(start_step, steps)
         self.builder = builder
         self.workers = workers
@@ -756,6 +833,11 @@ class _Pipeline(Window):
         self.turn = threading.Lock()
         self.readahead = readahead
         self.threads: list[threading.Thread] = []
+        # Statistics: each worker thread registers a recorder of its own; with num_workers=0
+        # the consumers, who take turns, share one.
+        self.collector = Collector("thread", workers, self.window, self.lock) if stats else None
+        self.own_clock: Clock | None = (self.collector.clock() if self.collector is not None
+                                        and workers == 0 else None)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -803,6 +885,11 @@ class _Pipeline(Window):
 
     def _work(self) -> None:
         cond = self.cond
+        collector = self.collector
+        # Statistics: this thread's own recorder; `idle_from` is when it last had nothing to do.
+        clock = None if collector is None else collector.clock(threading.get_native_id())
+        ns = time.perf_counter_ns
+        idle_from = claimed = ns()
         while True:
             with cond:
                 while not self.closed and self.claim >= self.next_step + self.window:
@@ -812,10 +899,12 @@ class _Pipeline(Window):
                 step, generation = self.claim, self.generation
                 self.claim += 1
                 ahead = self.steps_ahead(step, self.readahead)
+            if clock is not None and ahead:
+                claimed = ns()  # (else the build's own start)
             if ahead and self.builder.going_to_disk():
                 self.builder.read_ahead(ahead, self.steps)
             try:
-                item = self.builder.produce(step, self.memory)
+                item = self.builder.produce(step, self.memory, clock)
             except BaseException as e:
                 item = Failure(e)
             with cond:
@@ -824,6 +913,12 @@ class _Pipeline(Window):
                 if generation == self.generation:
                     self.ready[step] = item
                     self.notify()
+                if clock is not None:  # (recorded under the lock held anyway)
+                    free = ns()
+                    if type(item) is not Failure:
+                        start = claimed if ahead else clock.start
+                        clock.record(free - clock.finish, start - idle_from, free - start)
+                    idle_from = free
 
     def _next_in_process(self) -> Any:
         """``num_workers=0``: the consumer's own thread samples, gathers and transforms each
@@ -832,6 +927,18 @@ class _Pipeline(Window):
         the next call builds it again; consumers on several threads take turns. ``cond`` is
         not held while the batch is built: close() returns at once, and the batch is then
         discarded."""
+        collector = self.collector
+        if collector is None:
+            return self._build_in_process(None)
+        began = collector.begin()
+        try:
+            return self._build_in_process(began)
+        except BaseException:
+            collector.abandon(began)
+            raise
+
+    def _build_in_process(self, began: tuple[int, Any] | None) -> Any:
+        clock = self.own_clock
         with self.turn:
             while True:
                 with self.cond:
@@ -843,11 +950,16 @@ class _Pipeline(Window):
                     ahead = self.steps_ahead(step, self.readahead)
                 if ahead and self.builder.going_to_disk():
                     self.builder.read_ahead(ahead, self.steps)
-                item = self.builder.produce(step, self.memory)
+                item = self.builder.produce(step, self.memory, clock)
                 with self.cond:
                     if self.closed:
                         raise LoaderClosedError("the DataLoader was closed while this batch "
                                                 "was being built; the batch is discarded")
                     if generation == self.generation:  # else a seek came: build its step
+                        if began is not None and clock is not None:
+                            # Before the step is consumed: an interrupt in here leaves it to
+                            # be built again, as one in the build does.
+                            clock.record(0, 0, clock.sample + clock.read + clock.transform)
+                            self._record(began, 0)
                         self.next_step = step + 1
                         return item

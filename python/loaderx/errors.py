@@ -141,6 +141,13 @@ class TokenArrayWarning(UserWarning):  # a warning, not an error, like AppendWar
     is one value per sample."""
 
 
+class TruncationWarning(UserWarning):  # a warning, not an error, like AppendWarning
+    """``pack(..., method="first_fit")`` cut documents longer than ``seq_len`` to their row;
+    the message says how many and the share of the tokens the rows keep. Emitted once per
+    view; ``truncate=True`` asks for the cut (no warning), ``truncate=False`` refuses it, and
+    ``method="concat"`` keeps every token."""
+
+
 class WorkerError(LoaderxError):
     """A DataLoader worker process died (killed, out of memory, ``os._exit``) or raised an
     exception that could not be sent to the consumer; the message names the worker, its pid

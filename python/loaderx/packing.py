@@ -41,8 +41,24 @@ only the tail shorter than a row is dropped. ``"first_fit"`` (fine-tuning) packs
 documents into rows without splitting any (best-fit decreasing, see
 :mod:`loaderx._pack_plan`), the rest of a row ``pad_id`` with segment id 0; a document longer
 than a row is truncated to its first ``seq_len`` tokens (with ``eos_id``: its first
-``seq_len - 1`` and the end token) and counted in :attr:`PackedDataset.truncated`, or refused
-with ``truncate=False``.
+``seq_len - 1`` and the end token) and counted in :attr:`PackedDataset.truncated` -- with a
+:class:`~loaderx.errors.TruncationWarning` saying the share of the tokens the rows keep, once
+per view, unless ``truncate=True`` asked for it -- or refused with ``truncate=False``.
+
+Which method: ``concat`` for pretraining (every token kept, documents split across rows, no
+padding); ``first_fit`` when a document must stay whole in its row (fine-tuning examples, a
+prompt with its answer) and documents are mostly shorter than ``seq_len`` -- long documents
+lose their tails, which the warning counts (at ``seq_len=257`` on the standard library's
+sources, first_fit keeps 1.6% of the tokens: concat is the method there).
+
+Re-packing per pass: ``pack(..., repack=True)`` gives each pass over the rows its own packing
+-- pass ``p`` packs the documents in its own seeded order (concat: other row boundaries;
+first_fit: other documents sharing a row), still every token once per pass (concat's
+dropped tail changes with the order). :meth:`PackedDataset.pass_view` is pass ``p``'s view
+(pass 0's is the view itself, the same rows as without ``repack``); the rows per pass are the
+same in every pass. A loader needs the order to know which pass a row is in, so it reads such
+a view through a mixture, ``loaderx.mix([rows])``: pass after pass, each packed and shuffled
+anew (see :mod:`loaderx.mixture`).
 
 The row plan is computed once, from the record table's lengths alone (no record is read), and
 is a pure function of the documents' lengths and the arguments: the loader's sampler shuffles
@@ -65,6 +81,7 @@ import hashlib
 import operator
 import os
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -81,6 +98,7 @@ from loaderx.errors import (
     LoaderxIndexError,
     LoaderxTypeError,
     LoaderxValueError,
+    TruncationWarning,
 )
 from loaderx.sampler import normalize_seed
 
@@ -108,7 +126,8 @@ _METHODS = ("concat", "first_fit")
 
 
 def pack(docs: Any, seq_len: int, *, method: Method = "concat", seed: Any = 0,
-         eos_id: int | None = None, pad_id: int = 0, truncate: bool = True) -> PackedDataset:
+         eos_id: int | None = None, pad_id: int = 0, truncate: bool | None = None,
+         repack: bool = False) -> PackedDataset:
     """The documents of ``docs`` packed into rows of ``seq_len`` tokens; see the module docs.
 
     ``docs``: a ragged dataset, subset or concatenation of 1-D integer records (one document
@@ -116,9 +135,12 @@ def pack(docs: Any, seq_len: int, *, method: Method = "concat", seed: Any = 0,
     ``"concat"`` or ``"first_fit"``. ``seed``: any int, the documents' order (concat) or
     which documents share a row (first_fit). ``eos_id``: a token written after every document
     (None: none). ``pad_id``: the token of first_fit's padding. ``truncate``: first_fit's
-    treatment of a document longer than a row (False: LoaderxValueError)."""
+    treatment of a document longer than a row (None: cut it and warn, once per view, with the
+    share of the tokens kept; True: cut it; False: LoaderxValueError). ``repack``: each pass
+    over the rows packed anew (:meth:`PackedDataset.pass_view`; read through
+    ``loaderx.mix``)."""
     return PackedDataset(docs, seq_len, method=method, seed=seed, eos_id=eos_id,
-                         pad_id=pad_id, truncate=truncate)
+                         pad_id=pad_id, truncate=truncate, repack=repack)
 
 
 class _Layout(NamedTuple):
@@ -349,7 +371,8 @@ class PackedDataset:
     kind = "dense"
 
     def __init__(self, docs: Any, seq_len: int, *, method: Method = "concat", seed: Any = 0,
-                 eos_id: int | None = None, pad_id: int = 0, truncate: bool = True) -> None:
+                 eos_id: int | None = None, pad_id: int = 0, truncate: bool | None = None,
+                 repack: bool = False) -> None:
         if isinstance(seq_len, (bool, np.bool_)) or not isinstance(seq_len, (int, np.integer)):
             raise LoaderxValueError(f"seq_len must be a positive int, got {seq_len!r}")
         if seq_len <= 0:
@@ -361,8 +384,10 @@ class PackedDataset:
                 "int32); use a smaller seq_len")
         if method not in _METHODS:
             raise LoaderxValueError(f"method must be one of {_METHODS}, got {method!r}")
-        if not isinstance(truncate, (bool, np.bool_)):
-            raise LoaderxValueError(f"truncate must be True or False, got {truncate!r}")
+        if truncate is not None and not isinstance(truncate, (bool, np.bool_)):
+            raise LoaderxValueError(f"truncate must be None, True or False, got {truncate!r}")
+        if not isinstance(repack, (bool, np.bool_)):
+            raise LoaderxValueError(f"repack must be True or False, got {repack!r}")
         layout = _layout(docs)
         self._docs = docs
         self._layout = layout
@@ -372,7 +397,8 @@ class PackedDataset:
         self._seq_len = int(seq_len)
         self._method: Method = method
         self._seed = seed
-        self._truncate = bool(truncate)
+        self._truncate: bool | None = None if truncate is None else bool(truncate)
+        self._repack = bool(repack)
         self._record_bytes = self._seq_len * self._dtype.itemsize
         piece_rows = _piece_rows(layout.parts)
         documents = _documents(layout, _record_lengths(layout, self._dtype.itemsize),
@@ -389,12 +415,21 @@ class PackedDataset:
             self._plan = ConcatPlan(documents.lengths, self._seq_len, key, eos)
         else:
             plan = FirstFitPlan(documents.lengths, self._seq_len, key, eos)
-            if plan.truncated and not self._truncate:
+            if plan.truncated and self._truncate is False:
                 raise LoaderxValueError(
                     f"{plan.truncated} of {len(documents.lengths)} documents are longer than "
                     f"seq_len={self._seq_len} (the longest: {plan.longest} tokens"
                     f"{', its end token counted' if eos else ''}); pass truncate=True to "
                     "cut them, or a larger seq_len")
+            if plan.truncated and self._truncate is None:
+                warnings.warn(
+                    f"first_fit cut {plan.truncated} of {len(documents.lengths)} documents to "
+                    f"seq_len={self._seq_len} (the longest: {plan.longest} tokens"
+                    f"{', its end token counted' if eos else ''}): the rows keep "
+                    f"{_share(plan.kept_tokens, plan.document_tokens)} of the documents' "
+                    "tokens. method='concat' keeps every token (documents split across rows); "
+                    "pass truncate=True to cut without this warning, truncate=False to refuse, "
+                    "or a larger seq_len", TruncationWarning, stacklevel=3)
             self._plan = plan
         # The lengths went into the plan; only the document count and the pieces stay.
         self._document_count = len(documents.lengths)
@@ -440,6 +475,27 @@ class PackedDataset:
     def documents(self) -> int:
         """How many documents the view packs."""
         return self._document_count
+
+    @property
+    def repacks(self) -> bool:
+        """Whether each pass over the rows is packed anew (``repack=True``; see
+        :meth:`pass_view`)."""
+        return self._repack
+
+    def pass_view(self, p: int) -> PackedDataset:
+        """Pass ``p``'s rows of a view that re-packs per pass: the documents packed in the
+        pass's own seeded order (pass 0: this view). As many rows as this view; the view does
+        not re-pack itself."""
+        if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, np.integer)) or p < 0:
+            raise LoaderxValueError(f"a pass is an integer of 0 or more, got {p!r}")
+        if not self._repack or p == 0:
+            return self
+        view = PackedDataset(self._docs, self._seq_len, method=self._method,
+                             seed=_pass_seed(self._seed, int(p)), eos_id=self._eos,
+                             pad_id=self._pad, truncate=True)
+        if len(view) != len(self):  # the plans' row counts do not depend on the order
+            raise AssertionError(f"pass {p} packs {len(view)} rows, pass 0 {len(self)}")
+        return view
 
     @property
     def truncated(self) -> int:
@@ -498,7 +554,8 @@ class PackedDataset:
         view, so that a checkpoint of one packing is refused on another."""
         base = getattr(self._docs, "view_digest", "")
         text = repr((self._method, self._seq_len, normalize_seed(self._seed), self._eos,
-                     self._pad, self._truncate, self.documents, len(self), base))
+                     self._pad, self._truncate is not False, self.documents, len(self), base)
+                    + (("repack",) if self._repack else ()))
         return "pack-" + hashlib.sha1(text.encode()).hexdigest()[:16]
 
     def _check_batch(self, rows: int) -> None:
@@ -568,18 +625,23 @@ class PackedDataset:
             tokens[(at + parts.content)[ended]] = self._eos
 
     def _gather_native(self, idxs: npt.NDArray[np.uint64], dst: npt.NDArray[np.uint8],
-                       shards: int | None) -> None:
+                       shards: int | None, into: tuple[np.ndarray, np.ndarray] | None = None
+                       ) -> None:
         """:meth:`gather_rows` in one native call (``_native.pack_concat`` or
         ``pack_first_fit``), which also fills the segment ids and positions, kept for the
-        :meth:`companions` call that follows."""
+        :meth:`companions` call that follows -- or written into ``into``, two C-contiguous
+        ``(len(idxs), seq_len)`` int32 arrays (see :meth:`gather_with_segments`)."""
         plan, store = self._plan, self._native
         assert store is not None
         rows = self._row_indices(idxs)
         if len(rows) and int(rows.max()) >= len(self):
             bad = int(rows[rows >= len(self)][0])
             raise LoaderxIndexError(f"row {bad} is out of range for {len(self)} packed rows")
-        seg = np.empty((len(rows), self._seq_len), np.int32)
-        pos = np.empty((len(rows), self._seq_len), np.int32)
+        if into is None:
+            seg = np.empty((len(rows), self._seq_len), np.int32)
+            pos = np.empty((len(rows), self._seq_len), np.int32)
+        else:
+            seg, pos = into
         pieces = self._documents
         first = self._first_record if self._first_record is not None else pieces.first_record
         layout = (first, pieces.piece_rows, self._view_records)
@@ -592,8 +654,55 @@ class PackedDataset:
             _native.pack_first_fit(store, plan.row_ptr, plan.row_docs, plan.sizes, rows,
                                    self._seq_len, self._eos_bits, self._pad_bits, size, dst,
                                    seg.reshape(-1), pos.reshape(-1), shards, layout)
-        cache = self._cache
-        cache.segments_key, cache.segments = rows.tobytes(), (seg, pos)
+        if into is None:
+            cache = self._cache
+            cache.segments_key, cache.segments = rows.tobytes(), (seg, pos)
+
+    def _filler(self) -> Any:
+        """The native batch call of this view with its fixed arguments bound, or None:
+        ``fill(rows, dst, segments, positions, shards)`` with ``rows`` (uint64, each below
+        ``len``: not checked), ``dst`` the uint8 buffer of those rows and the flat int32
+        segment ids and positions -- for a mixture, which calls it once per source and batch."""
+        store, plan = self._native, self._plan
+        if store is None:
+            return None
+        pieces = self._documents
+        first = self._first_record if self._first_record is not None else pieces.first_record
+        layout = (first, pieces.piece_rows, self._view_records)
+        size, s = self._dtype.itemsize, self._seq_len
+        if isinstance(plan, ConcatPlan):
+            starts, order, eos = plan.starts, plan.order, self._eos_bits
+
+            def fill(rows: np.ndarray, dst: np.ndarray, seg: np.ndarray, pos: np.ndarray,
+                     shards: int | None) -> None:
+                _native.pack_concat(store, starts, order, rows, s, eos, size, dst, seg, pos,
+                                    shards, layout)
+        else:
+            ptr, docs, sizes = plan.row_ptr, plan.row_docs, plan.sizes
+            eos, pad = self._eos_bits, self._pad_bits
+
+            def fill(rows: np.ndarray, dst: np.ndarray, seg: np.ndarray, pos: np.ndarray,
+                     shards: int | None) -> None:
+                _native.pack_first_fit(store, ptr, docs, sizes, rows, s, eos, pad, size, dst,
+                                       seg, pos, shards, layout)
+        return fill
+
+    def gather_with_segments(self, idxs: npt.NDArray[np.uint64], dst: npt.NDArray[np.uint8],
+                             seg: np.ndarray, pos: np.ndarray,
+                             shards: int | None = None) -> None:
+        """Rows ``idxs`` into the uint8 buffer ``dst`` (``record_bytes``-byte rows, back to back)
+        and their segment ids and positions into ``seg`` and ``pos`` (C-contiguous
+        ``(len(idxs), seq_len)`` int32 arrays, e.g. row ranges of a whole batch's): what a
+        mixture's batch of several sources is filled with, without a copy."""
+        if not len(idxs):
+            return
+        self._check_batch(len(idxs))
+        if self._native is not None:
+            self._gather_native(idxs, dst, shards, (seg.reshape(-1, self._seq_len),
+                                                    pos.reshape(-1, self._seq_len)))
+            return
+        self.gather_rows(idxs, dst, shards)
+        seg[...], pos[...] = self.segments(idxs)
 
     def companions(self, name: str, idxs: npt.NDArray[np.uint64]) -> dict[str, np.ndarray]:
         """``name_segment_ids`` and ``name_positions`` of rows ``idxs`` (see the module
@@ -759,7 +868,7 @@ class PackedDataset:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_repack, (self._docs, self._seq_len, self._method, self._seed, self._eos,
-                          self._pad, self._truncate))
+                          self._pad, self._truncate, self._repack))
 
     def __repr__(self) -> str:
         what = (f"dropped_tokens={self.dropped_tokens}" if self._method == "concat"
@@ -784,9 +893,27 @@ def _check_positions(lengths: np.ndarray, eos: bool) -> None:
 
 
 def _repack(docs: Any, seq_len: int, method: Method, seed: Any, eos_id: int | None,
-            pad_id: int, truncate: bool) -> PackedDataset:
+            pad_id: int, truncate: bool | None, repack: bool = False) -> PackedDataset:
     return PackedDataset(docs, seq_len, method=method, seed=seed, eos_id=eos_id,
-                         pad_id=pad_id, truncate=truncate)
+                         pad_id=pad_id, truncate=truncate, repack=repack)
+
+
+def _pass_seed(seed: Any, p: int) -> int:
+    """The seed of pass ``p``'s packing: a 64-bit digest of the view's seed and ``p``."""
+    raw = normalize_seed(seed).to_bytes(8, "little") + p.to_bytes(16, "little")
+    digest = hashlib.blake2b(raw, digest_size=8, person=b"loaderx.repack").digest()
+    return int.from_bytes(digest, "little")
+
+
+def _share(part: int, whole: int) -> str:
+    """``part / whole`` as a percentage: one decimal, or as many digits as show it is not 0
+    or 100."""
+    if not whole:
+        return "100%"
+    f = 100 * part / whole
+    if 0.1 <= f <= 99.9 or f in (0.0, 100.0):
+        return f"{f:.1f}%"
+    return f"{f:.2g}%" if f < 0.1 else f"{f:.4g}%"
 
 
 def _copy_parts(store: Any, local: np.ndarray, first: np.ndarray, count: np.ndarray,

@@ -55,6 +55,12 @@ packed token stream adds segment ids and positions next to its tokens:
 * ``companion_names(name) -> tuple[str, ...]`` -- the names ``companions`` will return for a
   stream called ``name``; when given, the loader refuses colliding names at construction (and
   ``epoch(pad=True)`` a ``mask_key`` among them).
+
+Streams that set the order (optional): a stream with ``defines_order = True`` -- a mixture,
+:func:`loaderx.mix` -- is endless, and the loader reads its records ``0, 1, 2, ...`` in turn
+(batch ``k`` is records ``k * batch_size`` on, whatever the mode: the stream has shuffled them
+already; ``mode="iid"`` is refused) and refuses ``epoch()``; every stream of such a loader must
+set the order. Its ``batch_size`` attribute, when not None, must be the loader's.
 """
 
 from __future__ import annotations

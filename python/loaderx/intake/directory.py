@@ -91,7 +91,8 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -133,8 +134,9 @@ MIN_SAVING = 0.10
 MAX_COLUMNS = 4096
 #: Most parts one directory holds.
 MAX_PARTS = 100_000
-#: Bytes appended to a column's store between syncs while a directory is written.
-SYNC_EVERY = 32 << 20
+#: Most threads a writer runs its columns' stores on (creating, appending, syncing): their
+#: fsyncs wait on the disk, not on a core, and the disk commits concurrent ones together.
+COLUMN_THREADS = 16
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 _ESCAPED_NAME = re.compile(r"_[0-9]{1,5}_[A-Za-z0-9._-]{0,40}\Z")
@@ -555,7 +557,6 @@ class _ColumnWriter:
     dict_size: int | None
     adaptive: bool = False  # the codec is the writer's: settled by a trial on the first rows
     store: Zrecord | None = None
-    unsynced: int = 0  # bytes appended to ``store`` since its last sync
 
 
 class DirectoryWriter:
@@ -594,6 +595,7 @@ class DirectoryWriter:
         self._writers: list[_ColumnWriter] = []
         self._part_rows: list[int] = []  # rows of each part, the last one being written
         self._state = "open"  # open -> writing -> committed | aborted
+        self._pool: ThreadPoolExecutor | None = None  # the columns' threads, made when needed
         self._stack = contextlib.ExitStack()
         staging.remove_stale(self.dst)
         self._old = claim_destination(self.dst, self.overwrite)
@@ -724,8 +726,12 @@ class DirectoryWriter:
                 self._new_part()
                 space = self.rows_per_part
             take = min(space, n - done)
-            for w, (blob, starts) in zip(self._writers, prepared, strict=True):
-                _append_slice(w, blob, starts, done, take)
+
+            def append(w: _ColumnWriter, p: tuple[np.ndarray, np.ndarray], d: int = done,
+                       t: int = take) -> None:
+                _append_slice(w, p[0], p[1], d, t)
+
+            self._each(append, prepared)
             self._part_rows[-1] += take
             done += take
         self._state = "writing"
@@ -774,7 +780,8 @@ class DirectoryWriter:
                                      "rows; write fewer rows")
         part = self._part_dir(len(self._part_rows))
         os.makedirs(part)
-        for w in self._writers:
+
+        def create(w: _ColumnWriter, _: object) -> None:
             col = w.column
             path = os.path.join(part, col.store)
             w.store = Zrecord(path, codec=w.codec)
@@ -783,14 +790,16 @@ class DirectoryWriter:
                                                {"column": col.name}))
             if self.checksums:
                 w.store.enable_checksums()
+
+        self._each(create)
         self._part_rows.append(0)
 
     def _close_part(self) -> None:
         """Syncs and closes the stores of the part being written and writes its manifest."""
         part = self._part_dir(len(self._part_rows) - 1)
+        self._each(lambda w, _: w.store.sync())  # type: ignore[union-attr]
         for w in self._writers:
             assert w.store is not None
-            w.store.sync()
             if len(w.store) != self._part_rows[-1]:  # a bug, not bad input
                 raise InternalError(f"column {w.column.name!r} has {len(w.store)} rows in "
                                     f"{part}, the others {self._part_rows[-1]}")
@@ -854,8 +863,30 @@ class DirectoryWriter:
         self._state = "aborted"
         self._finish()
 
+    def _each(self, work: Callable[[_ColumnWriter, Any], None],
+              args: Sequence[Any] | None = None) -> None:
+        """Runs ``work(writer, args[i])`` for every column's writer, on the columns' threads
+        when there are several (each store's calls wait on the disk, and release the GIL), and
+        returns once every one has: then raises the first error, in column order."""
+        pairs = list(zip(self._writers, args if args is not None else [None] * len(
+            self._writers), strict=True))
+        if len(pairs) < 2:
+            for w, a in pairs:
+                work(w, a)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(min(COLUMN_THREADS, len(pairs)),
+                                            thread_name_prefix="loaderx-columns")
+        futures = [self._pool.submit(work, w, a) for w, a in pairs]
+        wait(futures)
+        for f in futures:
+            f.result()
+
     def _finish(self) -> None:
         try:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
             self._release_old()
         finally:
             self._stack.close()  # removes the staging directory unless it was published
@@ -1051,13 +1082,9 @@ def _append_slice(w: _ColumnWriter, blob: np.ndarray, bounds: np.ndarray, start:
     if w.codec == "zstd_dict" and not w.store.has_dict():
         _train_dict(w, blob[lo:hi], np.diff(bounds[start:start + count + 1]))
     if count:
+        # No sync until the part closes: the engine starts writing a large append's bytes to
+        # the disk as it writes them, so that sync waits for little.
         w.store.append(blob[lo:hi], offsets)
-        w.unsynced += hi - lo
-        if w.unsynced >= SYNC_EVERY:
-            # The disk writes while the next batches decode (the read-ahead thread, and the
-            # engine's compression, run meanwhile), instead of all at the commit's sync.
-            w.store.sync()
-            w.unsynced = 0
 
 
 #: zstd's own default dictionary size, the most an automatically sized one gets.

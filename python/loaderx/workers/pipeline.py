@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from loaderx._batch import Failure
+from loaderx._stats import Collector, Recorder
 from loaderx._window import Window
 from loaderx.errors import LoaderClosedError, RemoteTraceback, WorkerError
 from loaderx.workers import channel, server_preload, start, worker
@@ -60,6 +61,10 @@ __all__ = ["ProcessPipeline"]
 _JOIN_SECONDS = 1.0
 #: The steps to read ahead when readahead is off.
 _NOTHING = range(0)
+
+#: The consumer folds the timings replies brought once this many wait (see _fold_arrivals).
+_FOLD_ARRIVALS = 32
+_ns = time.perf_counter_ns
 
 #: Every worker process this process started (weakly: a reaped worker goes from here too).
 _started: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -149,14 +154,24 @@ class ProcessPipeline(Window):
     def __init__(self, streams: dict[str, Any], rows_of: Any, job: Any, mask_key: str | None,
                  start_step: int, workers: int, prefetch: int, readahead: int,
                  steps: int | None, start_method: str | None,
-                 entropy: tuple[int, ...] = ()) -> None:
+                 entropy: tuple[int, ...] = (), stats: bool = False) -> None:
         super().__init__(start_step, steps)
         self.entropy = entropy  # with a worker's index: what it seeds its global generators by
         self.count = workers
         self.window = prefetch + workers
         self.share = -(-self.window // workers) + 1
-        # Each worker keeps free segments for the steps it holds and two more.
-        self.job = (streams, rows_of, job, mask_key, workers, self.share + 2, steps)
+        # Each worker keeps free segments for the steps it holds and two more; with `stats`
+        # it times its batches and sends the timings with them.
+        self.job = (streams, rows_of, job, mask_key, workers, self.share + 2, steps, stats)
+        # Statistics: the timings the replies brought, (worker, times, decode ns) -- filed by
+        # a reply's commit, folded into the workers' recorders by _fold_arrivals.
+        self.arrived: list[tuple[int, tuple[int, ...], int]] = []
+        self.recorders: list[Recorder] = []
+        if stats:
+            self.collector = Collector("process", workers, self.window, self.lock,
+                                       pids=functools.partial(_pids, weakref.ref(self)))
+            self.recorders = self.collector.remote(workers)
+            self.collector.before = self._fold_arrivals
         self.transform = job.transform
         self.requested = start_method
         self.start_method: str | None = None
@@ -198,6 +213,23 @@ class ProcessPipeline(Window):
     def _check(self) -> None:
         if self.fatal is not None:
             raise self.fatal
+
+    def _record(self, began: tuple[int, Any], queued: int) -> None:
+        if len(self.arrived) >= _FOLD_ARRIVALS:
+            self._fold_arrivals()
+        super()._record(began, queued)
+
+    def _fold_arrivals(self) -> None:
+        """Moves the timings the replies brought into the workers' recorders: a worker's
+        stages, and as the hand-off its encoding and sending and the consumer's decoding."""
+        with self.cond:
+            arrived, self.arrived = self.arrived, []
+            recorders = self.recorders
+            for index, times, decoded in arrived:
+                sample, read, transform, encoded, sent, idle, nbytes, cold = times
+                recorders[index].add((sample, read, transform, encoded + sent + decoded, idle,
+                                      sample + read + transform + encoded + sent, nbytes,
+                                      cold))
 
     def _moved(self) -> None:
         """The position moved (a step taken, a seek): the steps it brought into the window go
@@ -384,9 +416,9 @@ class ProcessPipeline(Window):
 
     def _batch(self, w: _Worker, message: tuple[Any, ...], fds: list[int], end: int) -> None:
         if message[0] == "flat":
-            _, generation, step, keys, refs, lent, fresh, retired = message
+            _, generation, step, keys, refs, lent, fresh, retired, times = message
         else:
-            _, generation, step, skeleton, lent, fresh, retired = message
+            _, generation, step, skeleton, lent, fresh, retired, times = message
         # Redone in full if an interrupt lands before the commit below.
         for (ident, size), fd in zip(fresh, fds, strict=True):
             w.maps[ident] = Mapping(fd, size)  # keeps no descriptor
@@ -397,13 +429,19 @@ class ProcessPipeline(Window):
         watch = weakref.ref(loan, w.dropped.append)
         key = id(watch)
         batch = None
+        decoded = 0
         if wanted:
+            began = _ns()
             batch = (decode_flat(keys, refs, w.maps, loan) if message[0] == "flat"
                      else decode(skeleton, w.maps, loan))
+            decoded = _ns() - began
+        timed = None if times is None else (w.index, times, decoded)
         reader, count = w.reader, len(fds)
         # The commit: nothing from here to the end of it calls anything.
         if reader.closed:
             return  # close() ran in a signal handler meanwhile: it closed the descriptors
+        if timed is not None:
+            self.arrived += [timed]
         if wanted:
             w.loans[key] = (watch, lent)
             self.ready[step] = batch
@@ -559,6 +597,12 @@ class ProcessPipeline(Window):
                 w.process.kill()
                 w.process.join()
             w.process.close()
+
+
+def _pids(pipeline: weakref.ref[ProcessPipeline]) -> list[int]:
+    """The worker processes' pids of ``pipeline`` (none once it is gone)."""
+    alive = pipeline()
+    return [] if alive is None else alive.worker_pids
 
 
 def _drain(fd: int) -> None:

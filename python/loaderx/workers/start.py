@@ -28,7 +28,8 @@ from typing import Any
 
 from loaderx.errors import LoaderxTypeError, LoaderxValueError
 
-__all__ = ["METHODS", "choose", "default_workers", "likely_forkserver", "usable_cores"]
+__all__ = ["METHODS", "choose", "default_workers", "gil_enabled", "likely_forkserver",
+           "usable_cores"]
 
 METHODS = ("fork", "forkserver", "spawn")
 
@@ -41,12 +42,24 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def gil_enabled() -> bool:
+    """Whether this interpreter runs Python code one thread at a time: always on a GIL build;
+    on a free-threaded one (3.13t, 3.14t) only once something turned the GIL on (``PYTHON_GIL=1``,
+    or an extension module that does not declare itself free-threading safe)."""
+    is_enabled = getattr(sys, "_is_gil_enabled", None)
+    return True if is_enabled is None else bool(is_enabled())
+
+
 def default_workers(mode: str) -> int:
-    """``num_workers=None``: one process per core; threads, at most 4 and at most one per
-    core (a gather releases the GIL and uses the native pool, so more threads than cores
-    only contend; a GIL-bound transform is the process mode's case)."""
+    """``num_workers=None``: one process per core. Threads: one per core on a free-threaded
+    interpreter with the GIL off, where threads run a Python transform in parallel as
+    processes do; otherwise at most 4 and at most one per core (a gather releases the GIL and
+    uses the native pool, so more threads than cores only contend; a GIL-bound transform is
+    the process mode's case there)."""
     cores = usable_cores()
-    return cores if mode == "process" else min(4, cores)
+    if mode == "process" or not gil_enabled():
+        return cores
+    return min(4, cores)
 
 
 def _other_python_threads() -> bool:

@@ -4,10 +4,14 @@ the arrays lie.
 Messages from the consumer: ``("task", generation, step, ahead_start, ahead_stop, returned)``
 -- build ``step``, start the reads of steps ``ahead_start:ahead_stop`` when the streams go to
 the disk, and take back the segments ``returned`` (the consumer dropped their batches).
-Replies: ``("batch", generation, step, skeleton, lent, fresh, retired)`` with the new
-segments' descriptors -- ``("flat", generation, step, keys, refs, lent, fresh, retired)`` for
-a dict of arrays, the common case, in plain tuples -- or
-``("error", generation, step, pickled, kind, message, traceback)``.
+Replies: ``("batch", generation, step, skeleton, lent, fresh, retired, times)`` with the new
+segments' descriptors -- ``("flat", generation, step, keys, refs, lent, fresh, retired,
+times)`` for a dict of arrays, the common case, in plain tuples -- or
+``("error", generation, step, pickled, kind, message, traceback)``. ``times`` is None unless
+the loader keeps statistics; then it is ``(sample, read, transform, encode, sent, idle,
+nbytes, cold)``: the batch's stages in nanoseconds (``sent``: how long the previous reply's
+send took; ``idle``: how long the worker waited for this step), the bytes its gathers wrote
+and whether its reads went to the device.
 The worker ends when the consumer's end of the socket closes -- on ``close()``, and when the
 consumer dies, however it dies.
 """
@@ -30,6 +34,7 @@ from typing import Any
 
 from loaderx import context
 from loaderx._batch import Builder
+from loaderx._stats import Clock
 from loaderx.errors import LoaderxTypeError
 from loaderx.workers import channel
 from loaderx.workers.arena import Arena, BatchMemory
@@ -70,7 +75,7 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int],
         if isinstance(job, bytes):
             job = pickle.loads(job)
         seeds = GlobalSeeds(entropy)
-        streams, rows_of, work, mask_key, workers, keep, steps = job
+        streams, rows_of, work, mask_key, workers, keep, steps, timed = job
         torch = sys.modules.get("torch")
         if torch is not None:  # as torch's own workers: one intra-op thread per worker
             torch.set_num_threads(1)
@@ -85,18 +90,23 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int],
     arena = Arena(keep)
     inbox = channel.Inbox(sock)
     held = b""  # a reply kept back to go with the next one (see _HOLD_SECONDS)
+    clock = Clock(None, None) if timed else None  # statistics: this worker's timings
+    ns = time.perf_counter_ns
+    sent = 0  # how long the last send took
     try:
         while True:
+            waiting = ns()
             try:
                 message, _ = inbox.recv()
             except (channel.Closed, OSError):
                 return
+            idle = ns() - waiting
             _, generation, step, ahead_start, ahead_stop, returned = message
             arena.returned(returned)
             if ahead_stop > ahead_start and builder.going_to_disk():
                 builder.read_ahead(range(ahead_start, ahead_stop), steps)
             started = time.perf_counter()
-            reply, fds = _build(builder, arena, generation, step)
+            reply, fds = _build(builder, arena, generation, step, clock, idle, sent)
             try:
                 if (not held and not fds and reply[0] == "flat" and not reply[7]
                         and time.perf_counter() - started < _HOLD_SECONDS
@@ -105,13 +115,15 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int],
                     # together, so the consumer wakes once for both.
                     held = channel.frame_bytes(reply)
                     continue
+                sending = ns()
                 channel.send(sock, reply, fds, held)
+                sent = ns() - sending
                 arena.sent()
             except (channel.Closed, OSError):
                 return
             except Exception as e:  # the output holds a value that does not pickle
                 arena.not_handed_over()  # first: a segment retired below was never sent
-                arena.returned(reply[-3])  # the segments it would have lent
+                arena.returned(reply[-4])  # the segments it would have lent
                 error = LoaderxTypeError(
                     f"the transform's output at step {step} cannot be sent to the consumer: "
                     f"{type(e).__name__}: {e}; return NumPy arrays, torch tensors, and values "
@@ -192,22 +204,26 @@ def _exit_when_orphaned(fd: int) -> None:
                 os._exit(0)
 
 
-def _build(builder: Builder, arena: Arena, generation: int,
-           step: int) -> tuple[tuple[Any, ...], list[int]]:
+def _build(builder: Builder, arena: Arena, generation: int, step: int, clock: Clock | None,
+           idle: int, sent: int) -> tuple[tuple[Any, ...], list[int]]:
     memory = BatchMemory(arena)
     try:
-        out = builder.produce(step, memory)
+        out = builder.produce(step, memory, clock)
+        encoding = time.perf_counter_ns()
         skeleton, lent = encode(out, memory, arena)
+        encoded = time.perf_counter_ns() - encoding
     except BaseException as e:  # every failure goes to the consumer, whatever its kind
         if memory.segment is not None and memory.segment.ident not in arena.lent:
             arena.give(memory.segment)
         return _failure(generation, step, e), []
     fresh, fds, retired = arena.handed_over()
     idents = [s.ident for s in lent]
+    times = None if clock is None else (clock.sample, clock.read, clock.transform, encoded,
+                                        sent, idle, clock.nbytes, clock.cold)
     if type(skeleton) is Flat:
         return ("flat", generation, step, skeleton.keys, skeleton.refs, idents, fresh,
-                retired), fds
-    return ("batch", generation, step, skeleton, idents, fresh, retired), fds
+                retired, times), fds
+    return ("batch", generation, step, skeleton, idents, fresh, retired, times), fds
 
 
 def _failure(generation: int, step: int, error: BaseException) -> tuple[Any, ...]:

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""What ``loader.stats()`` costs (issue 36): the loader with statistics on (the default)
+against ``stats=False``, in one run.
+
+``python scripts/bench_stats.py [--windows N] [--batches B] [--quick]``
+
+Workloads (the loader benchmark's data: 20,000 records of 12 KiB plus int64 labels, batch 256;
+and small records: 20,000 of 256 B, batch 256, where the loader's fixed cost per batch is
+everything):
+
+* identity, 12 KiB zstd / raw, 4 threads -- the loader benchmark's ``loaderx`` rows;
+* identity, 12 KiB raw, ``num_workers=0``;
+* identity, 256 B raw, 2 threads, and ``num_workers=0`` -- the fixed cost per batch;
+* identity, 12 KiB raw, 2 worker processes.
+
+Each row builds two loaders side by side, one with statistics on and one off, warms both (50
+batches), then times them in turns: ``--windows`` windows of ``--batches`` ``next()`` calls
+each per loader, the order swapped every pair, so that a change of load on the machine (a
+shared one switches between fast and slow phases within seconds) hits both alike. The table
+shows the medians over the windows in microseconds per batch, the median of the per-pair
+on/off ratios and their range, and the fastest window of each. A last table times the
+recording alone: one batch's ``Builder.produce`` with and without a clock, in a loop on one
+thread, and the consumer's ``begin()``/``end()`` pair, in the thread's CPU time (the best of 10
+rounds, the two in turns: what a loaded machine's scheduling adds is left out) -- the cost per
+batch that the ratio above measures within noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+N, SIZE, BATCH = 20000, 12 * 1024, 256
+
+
+def make(root: pathlib.Path) -> None:
+    from bench_store import make_data
+    from loaderx.converter import from_numpy
+
+    data = make_data(N, SIZE)
+    from_numpy(root / "data-zstd", data, codec="zstd", progress=False)
+    from_numpy(root / "data-raw", data, codec="raw", progress=False)
+    del data
+    from_numpy(root / "label", np.arange(N, dtype=np.int64) % 1000, codec="raw",
+               progress=False)
+    rng = np.random.default_rng(1)
+    from_numpy(root / "small", rng.integers(0, 17, (N, 64)).astype(np.float32), codec="raw",
+               progress=False)
+
+
+def streams(root: pathlib.Path, kind: str) -> dict:
+    from loaderx.dataset import DenseDataset
+
+    if kind == "small":
+        return {"data": DenseDataset(root / "small"), "label": DenseDataset(root / "label")}
+    return {"data": DenseDataset(root / f"data-{kind}"), "label": DenseDataset(root / "label")}
+
+
+def paired(root: pathlib.Path, kind: str, workers: int, mode: str, windows: int,
+           batches: int) -> dict[bool, list[float]]:
+    """Seconds per batch of ``windows`` windows of ``batches`` ``next()`` calls each, on two
+    loaders alive side by side -- statistics on and off -- taking turns window by window (the
+    order swapped every pair), so that both see the same machine."""
+    from loaderx.dataloader import DataLoader
+
+    s = streams(root, kind)
+    loaders = {on: DataLoader(s, batch_size=BATCH, num_workers=workers, worker_mode=mode,
+                              stats=on, start_method="fork" if mode == "process" else None)
+               for on in (True, False)}
+    try:
+        for loader in loaders.values():
+            for _ in range(50):
+                next(loader)
+        got: dict[bool, list[float]] = {True: [], False: []}
+        for w in range(windows):
+            for on in ((True, False) if w % 2 == 0 else (False, True)):
+                loader = loaders[on]
+                t = time.perf_counter()
+                for _ in range(batches):
+                    next(loader)
+                got[on].append((time.perf_counter() - t) / batches)
+        return got
+    finally:
+        for loader in loaders.values():
+            loader.close()
+        for ds in s.values():
+            ds.close()
+
+
+ROWS = [
+    ("identity, 12 KiB zstd, 4 threads", "zstd", 4, "thread"),
+    ("identity, 12 KiB raw, 4 threads", "raw", 4, "thread"),
+    ("identity, 12 KiB raw, num_workers=0", "raw", 0, "thread"),
+    ("identity, 256 B raw, 2 threads", "small", 2, "thread"),
+    ("identity, 256 B raw, num_workers=0", "small", 0, "thread"),
+    ("identity, 12 KiB raw, 2 processes", "raw", 2, "process"),
+]
+
+
+def recording_cost(root: pathlib.Path, loops: int) -> list[tuple[str, float]]:
+    """Nanoseconds per batch of the recording alone."""
+    from loaderx._batch import Builder, EndlessRows, Job
+    from loaderx._stats import Collector
+    from loaderx.dataloader import _identity, _PooledMemory
+    from loaderx.sampler import Mode, Sampler
+
+    s = streams(root, "small")
+    sampler = Sampler(N, BATCH, Mode.CYCLIC, 0)
+    rows = EndlessRows(sampler, np.arange(BATCH, dtype=np.int64), "")
+    builder = Builder(s, rows, Job(_identity, None), 1)
+    memory = _PooledMemory(builder, BATCH, 4)
+    collector = Collector("thread", 1, 8, threading.RLock())
+    clock = collector.clock()
+    out = []
+    best = {"produce, no clock": float("inf"), "produce, with clock": float("inf")}
+    for round_ in range(10):  # the two in turns, the fastest round of each
+        for label, c in ((("produce, no clock", None), ("produce, with clock", clock))
+                         if round_ % 2 == 0 else
+                         (("produce, with clock", clock), ("produce, no clock", None))):
+            t = time.thread_time_ns()
+            for step in range(loops):
+                builder.produce(step, memory, c)
+                if c is not None:
+                    c.record(0, 0, 0)
+            best[label] = min(best[label], (time.thread_time_ns() - t) / loops)
+    out += list(best.items())
+    out.append(("  the difference", best["produce, with clock"] - best["produce, no clock"]))
+    best = float("inf")
+    for _ in range(10):
+        t = time.thread_time_ns()
+        for _ in range(loops):
+            collector.end(collector.begin(), 1)
+        best = min(best, (time.thread_time_ns() - t) / loops)
+    out.append(("consumer begin() + end()", best))
+    collector.snapshot()
+    t = time.perf_counter_ns()
+    collector.snapshot()
+    out.append(("a stats() snapshot (wall time)", time.perf_counter_ns() - t))
+    memory.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--windows", type=int, default=30, help="windows per side (default 30)")
+    ap.add_argument("--batches", type=int, default=200, help="batches per window (200)")
+    ap.add_argument("--quick", action="store_true", help="4 windows of 50 batches: a smoke "
+                    "check, not figures")
+    args = ap.parse_args()
+    windows, batches = (4, 50) if args.quick else (args.windows, args.batches)
+    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-stats-"))
+    try:
+        make(root)
+        print(f"stats on against stats=False: {windows} windows of {batches} batches each "
+              "on two loaders side by side, taking turns (us per batch)")
+        print(f"{'row':<40}{'on':>9}{'off':>9}{'on/off':>8}  {'pairs: range':<14}"
+              f"{'min on':>8}{'min off':>8}")
+        for name, kind, workers, mode in ROWS:
+            got = paired(root, kind, workers, mode, windows, batches)
+            on, off = got[True], got[False]
+            ratios = [a / b for a, b in zip(on, off, strict=True)]
+            print(f"{name:<40}{statistics.median(on) * 1e6:>9.1f}"
+                  f"{statistics.median(off) * 1e6:>9.1f}{statistics.median(ratios):>8.3f}  "
+                  f"{min(ratios):.2f}-{max(ratios):<9.2f}{min(on) * 1e6:>8.1f}"
+                  f"{min(off) * 1e6:>8.1f}")
+        print()
+        print("the recording alone (one thread, 256 B records, batch 256; CPU time, best of "
+              "10 rounds):")
+        for label, cost in recording_cost(root, 2000 if not args.quick else 200):
+            print(f"  {label:<40}{cost / 1e3:>10.2f} us")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
