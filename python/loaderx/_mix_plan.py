@@ -54,6 +54,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from loaderx.errors import LoaderxValueError
+
 __all__ = ["MIX_LENGTH", "Q_MAX", "Q_EXACT", "MAX_TRANSITION", "Table", "Piece", "MixPlan",
            "quantize", "schedule_period", "permute", "draw_keys", "radix", "source_bases",
            "build_pieces", "small_orders", "SMALL"]
@@ -420,8 +422,9 @@ def build_pieces(rows: Sequence[int], tables: Sequence[Table], linear: bool) -> 
         if following is not None and following.a.tolist() == table.a.tolist():
             following = None  # a transition between equal weights is one table
         if following is not None and length is not None and length > MAX_TRANSITION:
-            raise ValueError(f"a transition of {length} positions is longer than "
-                             f"{MAX_TRANSITION}")
+            raise LoaderxValueError(
+                f"a transition of {length} positions is longer than {MAX_TRANSITION}; "
+                "use shorter transitions between milestones (or transition='step')")
         piece = Piece(start, length, table, following, c0.copy())
         piece.c0.setflags(write=False)
         pieces.append(piece)
