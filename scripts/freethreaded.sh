@@ -29,13 +29,13 @@ PREFIX="$CACHE/cpython-${FT_SERIES}t"
 FTPY="$PREFIX/bin/python${FT_SERIES}t"
 VENV="$ROOT/.venv-ft"
 WHEELS="$CACHE/wheels-${FT_SERIES}t"
-# The test dependencies (test_system_python.sh's list), as wheels only: pip then takes the newest
-# release with a wheel for this interpreter (numpy 2.4.0 is the last with cp313t wheels). Those
-# with no free-threaded wheel are left out: their tests skip (tests/test_freethreaded_env.py).
-# hypothesis below 6.140: later releases need a Rust extension whose PyO3 refuses 3.13t.
+# The test dependencies (test_system_python.sh's list, and maturin), each the newest release
+# with a wheel for this interpreter (NumPy 2.4 is the last series with cp313t wheels) or built
+# here from its sdist; those that cannot be had are left out and their tests skip. hypothesis
+# below 6.140: later releases need a Rust extension whose PyO3 refuses 3.13t.
 DEPS=("maturin>=1.7,<2" "numpy>=1.24" "msgpack>=1.0" "pytest>=7" "hypothesis>=6,<6.140"
       "braceexpand>=0.1" "webdataset>=0.2" "Pillow>=9" "pyarrow>=18" "pandas>=2" "polars>=1"
-      "dask>=2024.1" "distributed>=2024.1")
+      "dask>=2024.1" "distributed>=2024.1" "mypy>=1.10")
 
 say() { echo "freethreaded.sh: $*" >&2; }
 die() { say "$*"; exit 1; }

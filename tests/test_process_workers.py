@@ -930,15 +930,14 @@ next(loader)
 pids = list(getattr(loader, "worker_pids", []))
 pipe = loader._pipe
 
+done = []
 def bystander():  # another thread waiting on the loader (a second consumer, say)
     with pipe.cond:
-        while not pipe.closed:
+        while not pipe.closed and not done:
             pipe.cond.wait(0.05)
 
 helper = threading.Thread(target=bystander)
 helper.start()
-while not pipe.cond._waiters:  # it waits, so the next notify walks a waiter
-    time.sleep(0.001)
 
 # What a signal handler can do: run close() between Condition.notify's test for waiters and
 # its taking the first (a trace function runs where a handler can).
@@ -952,13 +951,22 @@ def local(frame, event, arg):
 def tracer(frame, event, arg):
     return local if frame.f_code is threading.Condition.notify.__code__ else None
 sys.settrace(tracer)
+outcome = "batch"
 try:
-    next(loader)
-    outcome = "batch"
+    # Until a notify under next() walks a waiter: the bystander's timed waits (and the
+    # workers') leave moments with nobody waiting, when notify walks nothing (free-threaded
+    # builds hit them often enough to hang this script when it tried only once).
+    for _ in range(1000):
+        while not pipe.cond._waiters:  # someone waits, so the next notify walks a waiter
+            time.sleep(0.001)
+        next(loader)
+        if fired:
+            break
 except LoaderClosedError:
     outcome = "closed"
 finally:
     sys.settrace(None)
+    done.append(True)
 try:
     next(loader)
     outcome += ", then a batch after close"
