@@ -459,7 +459,10 @@ def test_a_file_changed_between_runs_is_converted_again_with_its_batch(tmp_path,
     assert written == ["00000", "00004"]
     _same_rows(dst, files)
     joined = _chunk_inodes(dst / "vec")
-    assert old["00002"] <= joined and not old["00000"] & joined
+    # Part 00002 was kept (its chunk files joined as they are). Part 00000 was written again
+    # (`written` says so): its old inodes are not compared, since a freed inode number may be
+    # given to a new file at once.
+    assert old["00002"] <= joined
     assert sorted(os.listdir(tmp_path)) == ["ds", "in"]
 
 
