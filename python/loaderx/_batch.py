@@ -16,9 +16,9 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from loaderx import _native
+from loaderx._gather import _ragged_layout, _ragged_views
 from loaderx._stats import Clock
 from loaderx.context import BatchContext
-from loaderx.dataset import _ragged_layout, _ragged_views
 from loaderx.errors import LoaderxTypeError, LoaderxValueError
 
 __all__ = ["Builder", "ContextMaker", "EndlessRows", "Failure", "Job", "Memory", "PassRows", "Rows",

@@ -78,6 +78,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
+from loaderx._gather import _indices, _one_index, _ragged_layout, _ragged_views
 from loaderx._mix_plan import (
     MAX_TRANSITION,
     MIX_LENGTH,
@@ -93,7 +94,6 @@ from loaderx._mix_plan import (
     small_orders,
     source_bases,
 )
-from loaderx.dataset import _indices, _one_index, _ragged_layout, _ragged_views
 from loaderx.errors import LoaderxIndexError, LoaderxTypeError, LoaderxValueError
 from loaderx.sampler import Mode, _integer, normalize_seed
 from loaderx.source import is_dense_source, is_ragged_source

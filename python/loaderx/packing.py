@@ -89,9 +89,10 @@ import numpy as np
 import numpy.typing as npt
 
 from loaderx import _native
+from loaderx._gather import _dense_gather, _indices, _one_index
 from loaderx._pack_plan import ConcatPlan, FirstFitPlan, Parts, _ranges
 from loaderx._recycle import aligned_empty
-from loaderx.dataset import RaggedDataset, _dense_gather, _indices, _one_index
+from loaderx.dataset import RaggedDataset
 from loaderx.errors import (
     DatasetError,
     LimitExceededError,

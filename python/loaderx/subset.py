@@ -35,7 +35,7 @@ from typing import Any, overload
 
 import numpy as np
 
-from loaderx.dataset import _dense_gather, _indices, _one_index
+from loaderx._gather import _dense_gather, _indices, _one_index
 from loaderx.errors import LoaderxIndexError, LoaderxValueError
 
 __all__ = ["Subset", "split"]
