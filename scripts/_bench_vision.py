@@ -5,15 +5,15 @@ transforms import torch lazily, inside the functions)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 import torch
 from torchvision.transforms import v2
 
-CROP = 56
-PIPELINE = v2.Compose([v2.RandomResizedCrop(CROP, antialias=True), v2.RandomHorizontalFlip(),
+from _bench_tv_data import TV_CROP, TvItems
+
+PIPELINE = v2.Compose([v2.RandomResizedCrop(TV_CROP, antialias=True), v2.RandomHorizontalFlip(),
                        v2.ToDtype(torch.float32, scale=True)])
 
 
@@ -24,18 +24,10 @@ def augment(batch: dict[str, np.ndarray]) -> dict[str, Any]:
             "label": torch.from_numpy(batch["label"])}
 
 
-class Items(torch.utils.data.Dataset):
+class Items(TvItems):
     """torch's map-style dataset over the same stores: one image per item."""
 
-    def __init__(self, root: str) -> None:
-        from loaderx.dataset import DenseDataset
+    copy = True
 
-        self.image = DenseDataset(os.path.join(root, "tv-image"))
-        self.label = DenseDataset(os.path.join(root, "tv-label"))
-
-    def __len__(self) -> int:
-        return len(self.image)
-
-    def __getitem__(self, i: int) -> tuple[Any, int]:
-        img = torch.from_numpy(np.array(self.image[i])).permute(2, 0, 1)
-        return PIPELINE(img), int(self.label[i])
+    def pipeline(self) -> Any:
+        return PIPELINE

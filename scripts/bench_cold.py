@@ -25,6 +25,7 @@ batches per second.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -32,11 +33,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
+import _bench_common as common
 from bench_store import BATCH, make_data
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -184,9 +185,7 @@ def fio(path: str, size: int) -> float | None:
 def run(repeats: int = 3) -> list[dict]:
     results = []
     for size, total in WORKLOADS:
-        root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-cold-", dir=os.environ.get(
-            "LOADERX_BENCH_DIR")))
-        try:
+        with common.scratch("loaderx-cold-", os.environ.get("LOADERX_BENCH_DIR")) as root:
             paths = build(root, size, total)
             n = total // size
             rows = contenders(paths, size)
@@ -235,8 +234,6 @@ def run(repeats: int = 3) -> list[dict]:
             for x in results:
                 if x["workload"] == f"{size // 1024} KiB":
                     x["vs_ref"] = ref_row["ms"] / x["ms"] if ref_row else None
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
     return results
 
 
@@ -248,13 +245,12 @@ def table(results: list[dict]) -> str:
         lines.append(f"\n{workload} records, batch {BATCH}, nothing cached (evicted before each "
                      f"batch; fincore after eviction: {rows[0]['residue']} bytes resident)"
                      + (f"; fio O_DIRECT QD128: {fio_mib:.0f} MiB/s" if fio_mib else "") + ":\n")
-        lines.append("| store | ms/batch | MiB/s | device bytes / record bytes | vs pread ceiling "
-                     "| vs loaderx 0.9.11 |")
-        lines.append("|---|---|---|---|---|---|")
+        lines.append(common.head("store", "ms/batch", "MiB/s", "device bytes / record bytes",
+                                 "vs pread ceiling", "vs loaderx 0.9.11"))
         for r in rows:
             vs_ref = "-" if r.get("vs_ref") is None else f"{r['vs_ref']:.2f}x"
-            lines.append(f"| {r['store']} | {r['ms']:.1f} | {r['mib_s']:.0f} | {r['device']:.2f} "
-                         f"| {r['vs_ceiling']:.2f}x | {vs_ref} |")
+            lines.append(common.row(r["store"], f"{r['ms']:.1f}", f"{r['mib_s']:.0f}",
+                                    f"{r['device']:.2f}", f"{r['vs_ceiling']:.2f}x", vs_ref))
     return "\n".join(lines)
 
 
@@ -302,8 +298,7 @@ def loader_run(repeats: int = 3) -> list[dict]:
     tasks = in_memory_cgroup(512 << 20)
     if tasks is None:
         return []
-    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-cold-loader-"))
-    try:
+    with common.scratch("loaderx-cold-loader-") as root:
         paths = build(root, size, total)
         rows = contenders(paths, size)[:2]
         ceil_ms = []
@@ -351,8 +346,6 @@ def loader_run(repeats: int = 3) -> list[dict]:
             x["vs_ceiling"] = x["bps"] / ceiling
             x["vs_fio"] = x["bps"] / fio_bps if fio_bps else None
         return out
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def loader_table(rows: list[dict]) -> str:
@@ -361,11 +354,12 @@ def loader_table(rows: list[dict]) -> str:
     lines = ["\nDataLoader over a 1 GiB dataset of 12 KiB records in a process whose memory cgroup "
              "allows 512 MiB (batch 256, the default num_workers: min(4, cores) threads, "
              "150 steps):\n",
-             "| loader | batches/s | MiB/s | vs pread ceiling | vs fio |", "|---|---|---|---|---|"]
+             common.head("loader", "batches/s", "MiB/s", "vs pread ceiling", "vs fio")]
     for r in rows:
         fio_ratio = f"{r['vs_fio']:.2f}x" if r.get("vs_fio") else "(fio not installed)"
-        lines.append(f"| {r['loader']} | {r['bps']:.1f} | {r['bps'] * BATCH * 12 / 1024:,.0f} | "
-                     f"{r['vs_ceiling']:.2f}x | {fio_ratio} |")
+        lines.append(common.row(r["loader"], f"{r['bps']:.1f}",
+                                f"{r['bps'] * BATCH * 12 / 1024:,.0f}",
+                                f"{r['vs_ceiling']:.2f}x", fio_ratio))
     return "\n".join(lines)
 
 
@@ -379,6 +373,17 @@ def loader_main(repeats: int = 3) -> None:
     print(loader_table(loader_run(repeats)))
 
 
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure (median)")
+    parser.add_argument("--only", choices=["store", "loader"], default=None,
+                        help="the store rows (gathers) or the loader rows alone")
+    args = parser.parse_args(argv)
+    if args.only in (None, "store"):
+        main(args.repeats)
+    if args.only in (None, "loader"):
+        loader_main(args.repeats)
+
+
 if __name__ == "__main__":
-    main()
-    loader_main()
+    common.standalone(cli)

@@ -2,7 +2,7 @@
 256 rows (a 12 KiB float32 column and an int64 label) handed to a training loop, each format
 through the loader it ships or documents, on the same rows in the same run.
 
-``python scripts/bench_contender_loaders.py [--repeats N] [--rows N]`` (also a part of
+``python scripts/bench.py contender-loaders [--repeats N] [--rows N]`` (also a part of
 ``scripts/bench.py loader``). The data is ``bench_contenders``'s (one Parquet file, zstd), each
 format written by its own converter as there. Loaders, every one shuffling, batch 256, both
 columns per batch, 2 workers where the loader has workers (this machine has 2 cores):
@@ -32,11 +32,12 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bench_common as common
 import bench_contenders as bc
 
 ROWS, BATCH, WORKERS = 20_000, 256, 2
@@ -45,12 +46,7 @@ WARM = 5
 
 def _batches(it: Iterator[Any], n: int) -> float:
     """Batches per second of ``n`` batches of ``it`` after :data:`WARM` of them."""
-    for _ in range(WARM):
-        next(it)
-    t = time.perf_counter()
-    for _ in range(n):
-        next(it)
-    return n / (time.perf_counter() - t)
+    return n / common.time_next(it, n, WARM)
 
 
 def _loaderx(dst: str, workers: int) -> Callable[[int], float]:
@@ -74,8 +70,7 @@ def _torch_loader(dataset: Any, workers: int) -> Iterator[Any]:
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=BATCH, shuffle=True, num_workers=workers, drop_last=True,
         persistent_workers=workers > 0, collate_fn=_as_fetched)
-    while True:
-        yield from loader
+    yield from common.endless(loader)
 
 
 def _huggingface(dst: str, workers: int) -> Callable[[int], float]:
@@ -119,12 +114,8 @@ def _mosaic(dst: str, workers: int) -> Callable[[int], float]:
         ds = StreamingDataset(local=dst, remote=None, shuffle=True, batch_size=BATCH)
         loader = StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers,
                                      drop_last=True, persistent_workers=workers > 0)
-
-        def forever() -> Iterator[Any]:
-            while True:
-                yield from loader
         try:
-            return _batches(forever(), n)
+            return _batches(common.endless(loader), n)
         finally:
             bc._MOSAIC.clear()
     return run
@@ -136,11 +127,7 @@ def _litdata(dst: str, workers: int) -> Callable[[int], float]:
         ds = litdata.StreamingDataset(dst, shuffle=True)
         loader = litdata.StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers,
                                              drop_last=True)
-
-        def forever() -> Iterator[Any]:
-            while True:
-                yield from loader
-        return _batches(forever(), n)
+        return _batches(common.endless(loader), n)
     return run
 
 
@@ -164,7 +151,6 @@ def main(repeats: int = 3, rows: int = ROWS) -> None:
         return
     loaders = [entry for entry in LOADERS if bc._available(entry[1])]
     converters = {c[0]: c[3] for c in bc.CONVERTERS}
-    rates: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "source.parquet")
         mib = bc._write_parquet(src, rows) / 2**20
@@ -173,28 +159,30 @@ def main(repeats: int = 3, rows: int = ROWS) -> None:
             if fmt not in made:
                 converters[fmt](src, os.path.join(tmp, fmt))
                 made.add(fmt)
-        for _ in range(repeats):
-            for name, _, fmt, runner, workers, n in loaders:
-                rates.setdefault(name, []).append(runner(os.path.join(tmp, fmt), workers)(n))
+        rates = common.interleaved(
+            {name: partial(lambda r, dst, w, n: r(dst, w)(n), runner, os.path.join(tmp, fmt),
+                           workers, n) for name, _, fmt, runner, workers, n in loaders}, repeats)
     m = statistics.median
     base = m(rates[loaders[0][0]])
     print(f"\n## Loaders over the formats a Parquet user would pick -- {rows:,} rows (12 KiB "
           f"float32 + int64 label, {mib:,.0f} MiB), random batches of {BATCH}, warm, medians "
           f"of {repeats}\n")
-    print("| loader | batches/s | MiB/s | loaderx (2 threads) vs it |\n|---|---|---|---|")
+    print(common.head("loader", "batches/s", "MiB/s", "loaderx (2 threads) vs it"))
     for name, *_ in loaders:
         rate = m(rates[name])
-        print(f"| {name} | {rate:,.1f} | {rate * BATCH * (bc.DIM * 4 + 8) / 2**20:,.0f} | "
-              f"{base / rate:,.2f}x |")
-    missing = [e[0] for e in LOADERS if e not in loaders]
-    if missing:
-        print(f"\nNot installed, skipped: {', '.join(missing)}.")
+        print(common.row(name, f"{rate:,.1f}", f"{rate * BATCH * (bc.DIM * 4 + 8) / 2**20:,.0f}",
+                         f"{base / rate:,.2f}x"))
+    common.skipped([e[0] for e in LOADERS if e not in loaders])
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rows", type=int, default=ROWS)
-    a = parser.parse_args()
+    a = parser.parse_args(argv)
     main(a.repeats, a.rows)
+
+
+if __name__ == "__main__":
+    common.standalone(cli)

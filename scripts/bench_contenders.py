@@ -1,8 +1,8 @@
 """Bringing a table in, and reading random batches of it back: loaderx against the formats the
 users of Parquet would pick instead, on the same rows in the same run.
 
-``python scripts/bench_contenders.py [--repeats N] [--rows N]`` (also a part of
-``scripts/bench.py store``). One Parquet file (zstd, row groups of 2,048 rows) of ``--rows``
+``python scripts/bench.py contenders [--repeats N] [--rows N] [--cold-batches N]`` (also a part
+of ``scripts/bench.py store``). One Parquet file (zstd, row groups of 2,048 rows) of ``--rows``
 rows: ``x``, 3,072 float32 per row as a fixed-size list (12 KiB), and ``label``, an int64.
 
 Conversion, every converter starting from that file, interleaved, medians of ``--repeats``:
@@ -55,7 +55,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -63,6 +62,7 @@ from typing import Any
 
 import numpy as np
 
+import _bench_common as common
 from bench_cold import evict, fio, read_bytes, resident_bytes
 
 ROWS, DIM, ROW_GROUP, BATCH = 40_000, 3072, 2048, 256
@@ -73,11 +73,7 @@ COLD_BATCHES = 30
 
 
 def _available(module: str) -> bool:
-    try:
-        __import__(module)
-    except Exception:  # a contender that does not import is skipped, whatever the reason
-        return False
-    return True
+    return common.available(module) is None
 
 
 def _write_parquet(path: str, rows: int) -> int:
@@ -372,8 +368,8 @@ def _print_cold(runs: dict[tuple[str, str], list[dict[str, float]]],
           f"opened and again after; {count} batches a run, other rows than the warm ones, the "
           f"same for every format), medians of {repeats}; block device read_ahead_kb "
           f"{read_ahead}\n")
-    print("| reader | x (12 KiB) cold batches/s | loaderx vs it | label (int64) cold batches/s "
-          "| loaderx vs it | cold open ms |\n|---|---|---|---|---|---|")
+    print(common.head("reader", "x (12 KiB) cold batches/s", "loaderx vs it",
+                      "label (int64) cold batches/s", "loaderx vs it", "cold open ms"))
     for name, _, _, _ in readers:
         cells = []
         for column in ("x", "label"):
@@ -389,9 +385,9 @@ def _print_cold(runs: dict[tuple[str, str], list[dict[str, float]]],
           f"device per batch (read_bytes of /proc/self/io over the run; the records are "
           f"{BATCH * DIM * 4 / 2**20:.2f} MiB a batch of x, {BATCH * 8 / 1024:.0f} KiB of "
           f"label), and what fincore found resident after the eviction (the most of any run)\n")
-    print("| reader | x first batch ms | loaderx vs it | x device MiB/batch | label first batch "
-          "ms | loaderx vs it | label device KiB/batch | resident after eviction / on disk |\n"
-          "|---|---|---|---|---|---|---|---|")
+    print(common.head("reader", "x first batch ms", "loaderx vs it", "x device MiB/batch",
+                      "label first batch ms", "loaderx vs it", "label device KiB/batch",
+                      "resident after eviction / on disk"))
     for name, _, _, _ in readers:
         cells = []
         for column in ("x", "label"):
@@ -482,8 +478,7 @@ def main(repeats: int = 5, rows: int = ROWS, cold_batches: int = COLD_BATCHES) -
     print(f"\n## Bringing a table in -- {rows:,} rows (x: {DIM} float32 = 12 KiB as a "
           f"fixed-size list; label: int64), {mib:,.0f} MiB decoded, from one Parquet file (zstd, "
           f"row groups of {ROW_GROUP:,}); medians of {repeats}\n")
-    print("| converter | exact API | s | MiB/s | loaderx's speed vs it | target |\n"
-          "|---|---|---|---|---|---|")
+    print(common.head("converter", "exact API", "s", "MiB/s", "loaderx's speed vs it", "target"))
     lx = m(times["loaderx"])
     for name, api, _, _, target in converters:
         s = m(times[name])
@@ -493,8 +488,8 @@ def main(repeats: int = 5, rows: int = ROWS, cold_batches: int = COLD_BATCHES) -
               f"{'' if name == 'loaderx' else _verdict(ratio, target)} |")
     print(f"\n## Random batches after conversion -- {BATCH} sorted random rows, warm (files in "
           f"the page cache), medians of {repeats}\n")
-    print("| reader | exact API | x (12 KiB) batches/s | loaderx vs it | label (int64) "
-          "batches/s | loaderx vs it | target |\n|---|---|---|---|---|---|---|")
+    print(common.head("reader", "exact API", "x (12 KiB) batches/s", "loaderx vs it",
+                      "label (int64) batches/s", "loaderx vs it", "target"))
     for name, api, _, target in readers:
         cells = []
         worst = float("inf")
@@ -518,16 +513,19 @@ def main(repeats: int = 5, rows: int = ROWS, cold_batches: int = COLD_BATCHES) -
               f"(the copy ceiling's rate over {name}'s, the worse column); target {target:g}x")
     if cold_batches > 0:
         _print_cold(cold, fio_bps, readers, repeats, cold_batches, read_ahead)
-    if missing:
-        print(f"\nNot installed, skipped: {', '.join(missing)}.")
+    common.skipped(missing)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rows", type=int, default=ROWS)
     parser.add_argument("--cold-batches", type=int, default=COLD_BATCHES,
                         help="batches of each cold run (nothing cached); 0 skips the cold rows")
-    a = parser.parse_args()
-    sys.exit(main(a.repeats, a.rows, a.cold_batches))
+    a = parser.parse_args(argv)
+    main(a.repeats, a.rows, a.cold_batches)
+
+
+if __name__ == "__main__":
+    common.standalone(cli)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Fixed costs on small records (issue 23): rows of ``python scripts/bench.py loader``, or alone
-with ``python scripts/bench_fixed.py [--repeats N] [--quick]``.
+with ``python scripts/bench.py fixed [--repeats N] [--quick]``.
 
 Every table runs its rows interleaved (each repeat runs every row once, so a change of load
 hits all of them), on the same data in the same run, and shows medians of ``--repeats`` runs
@@ -37,17 +37,17 @@ from __future__ import annotations
 import argparse
 import pathlib
 import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import numpy as np
+
+import _bench_common as common
 
 DIGITS_N, BATCH, CLASSES = 1797, 256, 10
 WORKER_COUNTS = (0, 1, 2)
@@ -182,11 +182,6 @@ def both_streams(image: Any, label: Any, idx: np.ndarray) -> tuple[Any, Any]:
     return image[idx], label[idx]
 
 
-def median_spread(values: list[float]) -> str:
-    s = sorted(values)
-    return f"{statistics.median(s):.2f}x median, {s[0]:.2f}..{s[-1]:.2f}"
-
-
 # -- small records -------------------------------------------------------------------------------
 
 
@@ -243,10 +238,9 @@ def small_main(root: pathlib.Path, repeats: int, plan: Plan) -> None:
     per_run = {name: (plan.batches if name.startswith(("NumPy loop", "DataLoader"))
                       else plan.calls) for name in two}
     per_run.update({name: plan.calls for name in one})
-    times: dict[str, list[float]] = {name: [] for name in (*two, *one)}
-    for _ in range(repeats):
-        for name, fn in (*two.items(), *one.items()):
-            times[name].append(fn() / per_run[name] * 1e6)  # microseconds per batch
+    times = common.interleaved(  # microseconds per batch
+        {name: partial(lambda fn, per: fn() / per * 1e6, fn, per_run[name])
+         for name, fn in (*two.items(), *one.items())}, repeats)
     for ds in opened.values():
         ds.close()
     us = {name: statistics.median(t) for name, t in times.items()}
@@ -257,15 +251,16 @@ def small_main(root: pathlib.Path, repeats: int, plan: Plan) -> None:
           f"(logical / stored bytes). Loader runs: {plan.batches} batches after "
           f"{plan.warm} warm-up; single calls: {plan.calls} per run.\n")
     ref = us["NumPy loop: permutation per epoch, X[idx], Y[idx]"]
-    print("| per batch of 256, two streams | µs per batch | batches/s | speed vs NumPy loop |")
-    print("|---|---|---|---|")
+    print(common.head("per batch of 256, two streams", "µs per batch", "batches/s",
+                      "speed vs NumPy loop"))
     for name in two:
-        print(f"| {name} | {us[name]:.1f} | {1e6 / us[name]:,.0f} | {ref / us[name]:.2f}x |")
+        print(common.row(name, f"{us[name]:.1f}", f"{1e6 / us[name]:,.0f}",
+                         f"{ref / us[name]:.2f}x"))
     ref1 = us["NumPy X[idx] (in RAM)"]
-    print("\n| one call, 256 records of the 256 B stream | µs per call | speed vs NumPy X[idx] |")
-    print("|---|---|---|")
+    print("\n" + common.head("one call, 256 records of the 256 B stream", "µs per call",
+                             "speed vs NumPy X[idx]"))
     for name in one:
-        print(f"| {name} | {us[name]:.1f} | {ref1 / us[name]:.2f}x |")
+        print(common.row(name, f"{us[name]:.1f}", f"{ref1 / us[name]:.2f}x"))
 
     print("\nSpeed vs NumPy loop = the loop's µs per batch / the row's (above 1: faster than "
           "the loop). Per repeat (the two rows back to back):")
@@ -274,7 +269,7 @@ def small_main(root: pathlib.Path, repeats: int, plan: Plan) -> None:
         for w in WORKER_COUNTS:
             name = f"DataLoader, {kind}, num_workers={w}"
             print(f"- {name} / NumPy loop: "
-                  f"{median_spread([a / b for a, b in zip(loop_t, times[name], strict=True)])}")
+                  f"{common.spread(common.paired(loop_t, times[name]))}")
 
     print("\nTargets (issue 23):")
     for kind, speed_target in (("raw", 2.0), ("zstd", 1.0)):
@@ -355,19 +350,18 @@ def tokens_main(root: pathlib.Path, repeats: int, plan: Plan) -> None:
     print(f"`zstd -b3 -B<size> -i{plan.zstd_seconds}` on a file of the same bytes (one core, "
           "each block compressed on its own, as the store compresses each record); MB = "
           "10^6 bytes of records.\n")
-    print("| record | records | ratio, store | ratio, zstd -b | gather raw MB/s | "
-          "gather zstd MB/s | zstd -b decode MB/s | gather zstd / zstd -b |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(common.head("record", "records", "ratio, store", "ratio, zstd -b", "gather raw MB/s",
+                      "gather zstd MB/s", "zstd -b decode MB/s", "gather zstd / zstd -b"))
     for size in TOKEN_SIZES:
         s = sizes[size]
-        print(f"| {size} B | {s['n']:,} | {s['ratio']:.2f}x | {cli_ratio[size]:.2f}x "
-              f"| {med[(size, 'raw')]:,.0f} | {med[(size, 'zstd')]:,.0f} "
-              f"| {med[(size, 'cli')]:,.0f} | {med[(size, 'zstd')] / med[(size, 'cli')]:.2f}x |")
+        print(common.row(f"{size} B", f"{s['n']:,}", f"{s['ratio']:.2f}x",
+                         f"{cli_ratio[size]:.2f}x", f"{med[(size, 'raw')]:,.0f}",
+                         f"{med[(size, 'zstd')]:,.0f}", f"{med[(size, 'cli')]:,.0f}",
+                         f"{med[(size, 'zstd')] / med[(size, 'cli')]:.2f}x"))
     print("\nPer repeat, gather zstd / zstd -b (the two ran back to back):")
     for size in TOKEN_SIZES:
-        pairs = [a / b for a, b in zip(results[(size, "zstd")], results[(size, "cli")],
-                                       strict=True)]
-        print(f"- {size} B: {median_spread(pairs)}")
+        pairs = common.paired(results[(size, "zstd")], results[(size, "cli")])
+        print(f"- {size} B: {common.spread(pairs)}")
 
     print(f"\nRaw or zstd: zstd saves (1 - 1/ratio) x size bytes per record on a cold read and "
           f"costs its decode on every read. Break-even device rate = bytes saved / extra time "
@@ -375,9 +369,8 @@ def tokens_main(root: pathlib.Path, repeats: int, plan: Plan) -> None:
           f"(warm, raw always wins). A size is better raw when its break-even rate is below "
           f"{DEVICE_MB_S:,.0f} MB/s (cold random reads of the reference machine are of that "
           f"order) or the store shrinks by less than {MIN_RATIO}x.\n")
-    print("| record | µs per record, zstd | µs per record, raw | zstd / raw cost | ratio "
-          "| break-even device MB/s | better stored |")
-    print("|---|---|---|---|---|---|---|")
+    print(common.head("record", "µs per record, zstd", "µs per record, raw", "zstd / raw cost",
+                      "ratio", "break-even device MB/s", "better stored"))
     for size in TOKEN_SIZES:
         zstd_us = size / med[(size, "zstd")]  # bytes / (10^6 bytes/s) = µs
         raw_us = size / med[(size, "raw")]
@@ -386,8 +379,8 @@ def tokens_main(root: pathlib.Path, repeats: int, plan: Plan) -> None:
         extra = zstd_us - raw_us
         breakeven = saved / extra if extra > 0 else float("inf")
         verdict = "raw" if ratio < MIN_RATIO or breakeven < DEVICE_MB_S else "zstd"
-        print(f"| {size} B | {zstd_us:.3f} | {raw_us:.3f} | {zstd_us / raw_us:.1f}x "
-              f"| {ratio:.2f}x | {breakeven:,.0f} | {verdict} |")
+        print(common.row(f"{size} B", f"{zstd_us:.3f}", f"{raw_us:.3f}",
+                         f"{zstd_us / raw_us:.1f}x", f"{ratio:.2f}x", f"{breakeven:,.0f}", verdict))
     k = (1024, "zstd")
     ratio_1k = med[k] / med[(1024, "cli")]
     print(f"\nTarget (issue 23): zstd decode of 1 KiB records inside a gather >= 0.7x zstd -b: "
@@ -400,20 +393,21 @@ def tokens_main(root: pathlib.Path, repeats: int, plan: Plan) -> None:
 def main(repeats: int = 5, quick: bool = False) -> None:
     plan = Plan(quick)
     print("\n## Fixed costs (issue 23)\n")
-    print(f"command: `{' '.join(['python', *sys.argv])}`")
-    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-fixed-"))
-    try:
+    print(f"command: `{' '.join(['python', *sys.argv])}`")  # bench.py's, with the layer
+    with common.scratch("loaderx-bench-fixed-") as root:
         small_main(root, repeats, plan)
         tokens_main(root, repeats, plan)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    options = argparse.ArgumentParser(description=__doc__,
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    options = argparse.ArgumentParser(prog=prog, description=__doc__,
                                       formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_argument("--repeats", type=int, default=5, help="runs per figure (median)")
     options.add_argument("--quick", action="store_true",
                          help="everything once with few batches: a smoke check")
-    args = options.parse_args()
+    args = options.parse_args(argv)
     main(1 if args.quick else args.repeats, args.quick)
+
+
+if __name__ == "__main__":
+    common.standalone(cli)

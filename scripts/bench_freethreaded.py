@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The GIL build and the free-threaded build side by side (issue 32), same run, same data:
-``python scripts/bench_freethreaded.py [--repeats N] [--quick]`` (run it with the project's
+``python scripts/bench.py freethreaded [--repeats N] [--quick]`` (run it with the project's
 interpreter, ``.venv/bin/python``; the free-threaded one is ``.venv-ft/bin/python``, made by
 ``scripts/freethreaded.sh``).
 
@@ -48,11 +48,9 @@ import argparse
 import json
 import os
 import pathlib
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Any
@@ -62,6 +60,7 @@ import numpy as np
 SCRIPTS = pathlib.Path(__file__).resolve().parent
 ROOT = SCRIPTS.parent
 sys.path.insert(0, str(SCRIPTS))
+import _bench_common as common  # noqa: E402
 
 N, SIZE, BATCH = 8000, 12 * 1024, 256
 
@@ -232,11 +231,7 @@ def torch_rate(root: pathlib.Path, fn: Any, n: int) -> dict[str, Any]:
     loader = DataLoader(_Items(str(root), fn), batch_size=BATCH, shuffle=True, num_workers=2,
                         persistent_workers=True, collate_fn=_first)
 
-    def endless() -> Any:
-        while True:
-            yield from loader
-
-    return timed_next(endless(), n, 8)
+    return timed_next(common.endless(loader), n, 8)
 
 
 def spdl_rate(root: pathlib.Path, fn: Any, threads: int, n: int) -> dict[str, Any]:
@@ -317,8 +312,8 @@ def run_child(py: str, name: str, row: str, root: pathlib.Path,
     return figure
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="one short repeat: a smoke check")
     parser.add_argument("--scale", type=float, default=1.0,
@@ -332,7 +327,7 @@ def main() -> None:
     parser.add_argument("--install-contenders", action="store_true",
                         help="pip-install spdl-core for each interpreter (see the docstring)")
     parser.add_argument("--child", nargs=2, metavar=("ROW", "ROOT"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child[0], pathlib.Path(args.child[1]), args.scale)))
         return
@@ -350,10 +345,9 @@ def main() -> None:
     if not info["3.13t"]["ft"] or any(i["ft"] for n, i in info.items() if n != "3.13t"):
         raise SystemExit(f"--gil/--also must be GIL builds and --ft a free-threaded one: {info}")
     rows = [r for r in ROWS if not args.rows or any(p in r for p in args.rows.split(","))]
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-ft-"))
     figures: Figures = {}
     cpu: Figures = {}
-    try:
+    with common.scratch("loaderx-bench-ft-") as tmp:
         make_stores(tmp)
         for rep in range(repeats):
             for row in rows:
@@ -367,8 +361,6 @@ def main() -> None:
                         if got.get("cpu_ms") is not None:
                             cpu.setdefault((row, name), {})[rep] = got["cpu_ms"]
             print(f"repeat {rep + 1}/{repeats} done", file=sys.stderr)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     report(rows, figures, cpu, info, repeats)
 
 
@@ -408,16 +400,13 @@ def report(rows: list[str], figures: Figures, cpu: Figures, info: dict[str, dict
     versions = ", ".join(f"{n} = {info[n]['version']}" for n in names)
     print(f"\nmedians of {repeats} interleaved runs (range in brackets; ratios: median and "
           f"range of the per-repeat ratios); {versions} (free-threaded)\n")
-    head = " | ".join(names)
-    ratio_head = " | ".join(f"3.13t / {g}" for g in gils)
-    print(f"| row | unit | {head} | {ratio_head} | CPU ms per batch, {' / '.join(names)} |")
-    print("|---" * (3 + len(names) + len(gils)) + "|")
+    print(common.head("row", "unit", *names, *(f"3.13t / {g}" for g in gils),
+                      f"CPU ms per batch, {' / '.join(names)}"))
     for row in rows:
         unit = next((u for p, u in units.items() if row.startswith(p)), "batches/s")
-        cells = " | ".join(cell(row, n) for n in names)
-        ratios = " | ".join(paired((row, "3.13t"), (row, g)) for g in gils)
-        print(f"| {row} | {unit} | {cells} | {ratios} | "
-              f"{' / '.join(ms(row, n) for n in names)} |")
+        print(common.row(row, unit, *(cell(row, n) for n in names),
+                         *(paired((row, "3.13t"), (row, g)) for g in gils),
+                         " / ".join(ms(row, n) for n in names)))
 
     def scale(num: str, den: str, name: str = "3.13t") -> str:
         return paired((num, name), (den, name))
@@ -444,4 +433,7 @@ def report(rows: list[str], figures: Figures, cpu: Figures, info: dict[str, dict
 
 
 if __name__ == "__main__":
-    main()
+    if "--child" in sys.argv:  # one figure, in a fresh process: nothing printed before it
+        cli()
+    else:
+        common.standalone(cli)

@@ -2,8 +2,8 @@
 """Parquet (zstd) -> loaderx conversion against reading the same file with
 ``pyarrow.parquet.read_table`` alone (issue 21's target: at least 0.5x its speed).
 
-``python scripts/bench_intake.py [--repeats N]``, also run by ``scripts/bench.py store``. Three
-tables, each written once by pyarrow with zstd: 12 KiB binary blobs (incompressible, as JPEG
+``python scripts/bench.py intake [--repeats N] [--scale X]``, also a part of ``bench.py store``.
+Three tables, each written once by pyarrow with zstd: 12 KiB binary blobs (incompressible, as JPEG
 files are) with labels; text rows of about 600 bytes with ids; 64-float feature vectors with
 labels. Every repeat reads the file with ``read_table`` and then converts it with
 ``loaderx.from_arrow`` (codec zstd, and raw, which shows the pipeline without compression) into
@@ -14,16 +14,13 @@ median reported. Needs pyarrow.
 from __future__ import annotations
 
 import argparse
-import pathlib
 import shutil
 import statistics
-import sys
-import tempfile
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+import _bench_common as common
 
 WORDS = ("the of and to in is was for on that with as by at from his her an were are which "
          "this be or had not but first one their its new after who they have two").split()
@@ -53,75 +50,69 @@ def tables(scale: float = 1.0) -> dict[str, Any]:
     }
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
 def run(repeats: int = 5, scale: float = 1.0) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
     from loaderx import from_arrow
 
-    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-intake-"))
-    path = root / "table.parquet"
     results = []
-    try:
+    with common.scratch("loaderx-bench-intake-") as root:
+        path = root / "table.parquet"
         for name, table in tables(scale).items():
             pq.write_table(table, path, compression="zstd")
             decoded = table.nbytes
             del table
             pq.read_table(path)  # the file in the page cache, pyarrow's pools warm
-            times: dict[str, list[float]] = {"read_table": [], "zstd": [], "raw": []}
-            for r in range(repeats):
-                times["read_table"].append(timed(lambda: pq.read_table(path)))
-                for codec in ("zstd", "raw"):
-                    out = root / f"out-{codec}-{r}"
-                    times[codec].append(timed(lambda out=out, codec=codec: from_arrow(
-                        out, path, codec=codec, progress=False)))
-                    shutil.rmtree(out)
+            def convert(codec: str) -> float:
+                out = root / f"out-{codec}"
+                took = common.seconds(lambda: from_arrow(out, path, codec=codec, progress=False))
+                shutil.rmtree(out)
+                return took
+
+            times = common.interleaved({
+                "read_table": lambda: common.seconds(lambda: pq.read_table(path)),
+                "zstd": lambda: convert("zstd"), "raw": lambda: convert("raw")}, repeats)
             results.append({"table": name, "mib": decoded / 2**20,
                             "file_mib": path.stat().st_size / 2**20, "times": times})
             path.unlink()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     return results
 
 
 def report(results: list[dict[str, Any]], repeats: int) -> str:
     lines = [f"\n## Intake: Parquet (zstd) -> loaderx against pyarrow.parquet.read_table "
              f"(medians of {repeats}, ratios paired per repeat)\n",
-             "| table | decoded MiB | file MiB | read_table MiB/s | from_arrow zstd MiB/s "
-             "| zstd vs read_table | from_arrow raw MiB/s | raw vs read_table |",
-             "|---|---|---|---|---|---|---|---|"]
+             common.head("table", "decoded MiB", "file MiB", "read_table MiB/s",
+                         "from_arrow zstd MiB/s", "zstd vs read_table", "from_arrow raw MiB/s",
+                         "raw vs read_table")]
     for r in results:
         t = r["times"]
         rate = {k: r["mib"] / statistics.median(v) for k, v in t.items()}
-        ratio = {c: statistics.median(a / b for a, b in zip(t["read_table"], t[c], strict=True))
+        ratio = {c: statistics.median(common.paired(t["read_table"], t[c]))
                  for c in ("zstd", "raw")}
-        lines.append(f"| {r['table']} | {r['mib']:.0f} | {r['file_mib']:.0f} "
-                     f"| {rate['read_table']:.0f} | {rate['zstd']:.0f} | {ratio['zstd']:.2f}x "
-                     f"| {rate['raw']:.0f} | {ratio['raw']:.2f}x |")
+        lines.append(common.row(r["table"], f"{r['mib']:.0f}", f"{r['file_mib']:.0f}",
+                                f"{rate['read_table']:.0f}", f"{rate['zstd']:.0f}",
+                                f"{ratio['zstd']:.2f}x", f"{rate['raw']:.0f}",
+                                f"{ratio['raw']:.2f}x"))
     lines.append("\nTarget: from_arrow >= 0.5x read_table. from_arrow includes what read_table "
                  "does not: compressing every record, writing the stores and syncing them.")
     return "\n".join(lines)
 
 
-def main(repeats: int = 5) -> None:
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
+def main(repeats: int = 5, scale: float = 1.0) -> None:
+    if common.available("pyarrow") is not None:
         print("\n## Intake: not available (pip install pyarrow)")
         return
-    print(report(run(repeats), repeats))
+    print(report(run(repeats, scale), repeats))
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--scale", type=float, default=1.0, help="rows, relative")
-    args = parser.parse_args()
-    print(report(run(args.repeats, args.scale), args.repeats))
-    sys.exit(0)
+    args = parser.parse_args(argv)
+    main(args.repeats, args.scale)
+
+
+if __name__ == "__main__":
+    common.standalone(cli)

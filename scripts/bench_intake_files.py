@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Converting image folders and WebDataset shards (``loaderx.from_image_folder``,
 ``loaderx.from_webdataset``) against reading the same files plainly, in the same run:
-``python scripts/bench_intake_files.py [--repeats N] [--images N]``.
+``python scripts/bench.py intake-files [--repeats N] [--images N]``.
 
 Data: ``--images`` (default 5000) small JPEGs (64x64 noise at quality 90, about 8 KiB each)
 in 10 class folders, written once to a temporary directory, and the same images as 10
@@ -28,14 +28,12 @@ import io
 import os
 import pathlib
 import shutil
-import statistics
-import sys
 import tarfile
-import tempfile
-import time
 import warnings
 
 import numpy as np
+
+import _bench_common as common
 
 SHARDS = 10
 CLASSES = 10
@@ -74,15 +72,15 @@ def make_data(root: pathlib.Path, n: int) -> tuple[pathlib.Path, list[pathlib.Pa
 
 
 def median_seconds(fn, repeats: int, before=None) -> float:
-    fn()  # warm-up: the page cache, imports
-    times = []
-    for _ in range(repeats):
+    """The median of ``repeats`` timed calls of ``fn`` after an untimed one (the page cache,
+    imports), each after an untimed ``before()``."""
+    fn()
+
+    def once() -> float:
         if before is not None:
             before()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        return common.seconds(fn)
+    return common.median_of(once, repeats)
 
 
 def evict(folder: pathlib.Path) -> None:
@@ -146,22 +144,20 @@ class Fresh:
 
 def row(name: str, seconds: float, n: int, floor: float | None) -> str:
     ratio = "" if floor is None else f"{floor / seconds:.2f}x"
-    return f"| {name} | {seconds * 1e3:.0f} ms | {n / seconds:,.0f} | {ratio} |"
+    return common.row(name, f"{seconds * 1e3:.0f} ms", f"{n / seconds:,.0f}", ratio)
 
 
 def main(repeats: int = 5, images: int = 5000) -> None:
     from loaderx import from_image_folder, from_webdataset
 
-    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-intake-files-"))
-    try:
+    with common.scratch("loaderx-bench-intake-files-") as root:
         folder, plain, gz = make_data(root, images)
         out = root / "out"
         out.mkdir()
         print(f"\n### Image folders and WebDataset shards ({images} JPEGs of "
               f"{read_folder(folder) / images / 1024:.1f} KiB, {SHARDS} shards; medians of "
               f"{repeats}, page cache warm)\n")
-        print("| reading / converting | time | images/s | vs plain read |")
-        print("|---|---|---|---|")
+        print(common.head("reading / converting", "time", "images/s", "vs plain read"))
         floor = median_seconds(lambda: read_folder(folder), repeats)
         print(row("image folder: os.walk + open().read() (floor)", floor, images, None))
         for workers in (1, None):
@@ -200,15 +196,16 @@ def main(repeats: int = 5, images: int = 5000) -> None:
                 label = "default" if workers is None else workers
                 print(row(f"{kind} shards: from_webdataset (workers={label})", t, images,
                           floor))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--images", type=int, default=5000)
-    args = parser.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    args = parser.parse_args(argv)
     main(args.repeats, args.images)
+
+
+if __name__ == "__main__":
+    common.standalone(cli)

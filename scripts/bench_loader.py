@@ -31,7 +31,8 @@ on both sides, and the same decode: Pillow ``Image.open(...).convert("RGB")``, a
 * loaderx, JPEG bytes only -- the loader without a transform (the list of record views): what
   the ragged read costs next to the decode.
 
-``python scripts/bench_loader.py --jpeg [--repeats N] [--workers W]`` runs this table alone.
+``python scripts/bench.py loader --jpeg [--repeats N] [--workers W] [--batches B]`` runs this
+table alone.
 
 Every figure is the median of several runs; each run times a fixed number of batches after a
 warm-up (which also starts worker processes). RssAnon growth over a long loaderx run is reported
@@ -40,17 +41,17 @@ against the size of the prefetch buffers.
 
 from __future__ import annotations
 
+import argparse
 import os
 import pathlib
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
+import _bench_common as common
 from bench_store import make_data
 
 N, SIZE, BATCH, WORKERS = 20000, 12 * 1024, 256, 4
@@ -74,13 +75,7 @@ def augment(batch):
     return {"data": batch["data"], "label": batch["label"], "score": out}
 
 
-def time_iter(it, batches: int, warm: int = 20) -> float:
-    for _ in range(warm):
-        next(it)
-    t = time.perf_counter()
-    for _ in range(batches):
-        next(it)
-    return time.perf_counter() - t
+WARM = 20  # batches before the clock (they also start the workers)
 
 
 # -- loaderx -------------------------------------------------------------------------------------
@@ -103,7 +98,7 @@ def loaderx_run(root: pathlib.Path, kind: str, batches: int, transform=None, rec
             assert n == batches, n
             elapsed = time.perf_counter() - t
         else:
-            elapsed = time_iter(loader, batches)
+            elapsed = common.time_next(loader, batches, WARM)
     for ds in streams.values():
         ds.close()
     return elapsed
@@ -121,7 +116,7 @@ def gathers_run(root: pathlib.Path, kind: str, batches: int):
         for idx in steps:
             yield data.gather(idx), label.gather(idx)
 
-    elapsed = time_iter(it(), batches)
+    elapsed = common.time_next(it(), batches, WARM)
     data.close()
     label.close()
     return elapsed
@@ -208,12 +203,8 @@ def torch_run(root: pathlib.Path, batches: int, batched: bool, transform=None):
         loader = DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=WORKERS,
                             persistent_workers=True)
 
-    def endless(loader):
-        while True:
-            yield from loader
-
     try:
-        return time_iter(endless(loader), batches)
+        return common.time_next(common.endless(loader), batches, WARM)
     finally:
         del loader
 
@@ -245,20 +236,13 @@ class GrainSource:
 def grain_run(root: pathlib.Path, batches: int):
     import grain.python as gp
 
-    try:  # grain reads absl flags, which a program that is not an absl app never parses
-        from absl import flags
-
-        if not flags.FLAGS.is_parsed():
-            flags.FLAGS.mark_as_parsed()
-    except ImportError:
-        pass
-
+    common.absl_parsed()
     sampler = gp.IndexSampler(N, shard_options=gp.NoSharding(), shuffle=True, num_epochs=None,
                               seed=0)
     loader = gp.DataLoader(data_source=GrainSource(str(root)), sampler=sampler,
                            operations=[gp.Batch(BATCH, drop_remainder=True)],
                            worker_count=WORKERS)
-    return time_iter(iter(loader), batches, warm=5)
+    return common.time_next(iter(loader), batches, 5)
 
 
 # -- ragged JPEG stream ---------------------------------------------------------------------------
@@ -313,7 +297,7 @@ def loaderx_jpeg_run(path: pathlib.Path, batches: int, workers: int, decode=True
     ds = RaggedDataset(path)
     kw = {"transform": decode_batch} if decode else {}
     with DataLoader({"jpeg": ds}, batch_size=JPEG_BATCH, num_workers=workers, **kw) as loader:
-        elapsed = time_iter(loader, batches, warm=5)
+        elapsed = common.time_next(loader, batches, 5)
     ds.close()
     return elapsed
 
@@ -341,12 +325,8 @@ def torch_jpeg_run(path: pathlib.Path, batches: int, workers: int):
     loader = DataLoader(JpegItems(str(path)), batch_size=JPEG_BATCH, shuffle=True,
                         num_workers=workers, persistent_workers=workers > 0)
 
-    def endless(loader):
-        while True:
-            yield from loader
-
     try:
-        return time_iter(endless(loader), batches, warm=5)
+        return common.time_next(common.endless(loader), batches, 5)
     finally:
         del loader
 
@@ -357,10 +337,8 @@ def jpeg_main(repeats: int = 5, workers: int = WORKERS, batches: int = 60) -> No
     except ImportError:
         print("\n## Ragged JPEG stream: Pillow not installed")
         return
-    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-jpeg-"))
-    try:
+    with common.scratch("loaderx-bench-jpeg-") as root:
         total = make_jpegs(root / "jpeg")
-        results: dict[str, float] = {}
         runs = {"loaderx, JPEG decode": lambda: loaderx_jpeg_run(root / "jpeg", batches,
                                                                  workers),
                 "loaderx, JPEG bytes only": lambda: loaderx_jpeg_run(root / "jpeg", batches,
@@ -371,46 +349,44 @@ def jpeg_main(repeats: int = 5, workers: int = WORKERS, batches: int = 60) -> No
             runs["torch, JPEG decode"] = lambda: torch_jpeg_run(root / "jpeg", batches, workers)
         except ImportError:
             pass
-        # Interleaved: each repeat runs every row once, so a load change hits all of them.
-        times: dict[str, list[float]] = {name: [] for name in runs}
-        for _ in range(repeats):
-            for name, fn in runs.items():
-                times[name].append(fn())
+        times = common.interleaved(runs, repeats)
         results = {name: statistics.median(t) / batches for name, t in times.items()}
         ref = results.get("torch, JPEG decode")
         print(f"\n## Ragged JPEG stream -- {JPEG_N} JPEGs ({total / JPEG_N / 1024:.1f} KiB "
               f"average), Pillow decode + {CROP}x{CROP} crop + stack, batch {JPEG_BATCH}, "
               f"{workers} workers on both sides, medians of {repeats} x {batches} batches\n")
-        print("| loader | batches/s | ms/batch | images/s | vs torch |")
-        print("|---|---|---|---|---|")
+        print(common.head("loader", "batches/s", "ms/batch", "images/s", "vs torch"))
         for name, per in results.items():
             vs = f"{ref / per:.2f}x" if ref else "-"
-            print(f"| {name} | {1 / per:,.1f} | {per * 1e3:.2f} | {JPEG_BATCH / per:,.0f} "
-                  f"| {vs} |")
+            print(common.row(name, f"{1 / per:,.1f}", f"{per * 1e3:.2f}",
+                             f"{JPEG_BATCH / per:,.0f}", vs))
         if ref:
             # Also per repeat: both rows ran back to back, so their ratio is less exposed to
             # load from elsewhere than the ratio of the medians.
-            pairs = sorted(t / m for m, t in zip(times["loaderx, JPEG decode"],
-                                                 times["torch, JPEG decode"], strict=True))
+            pairs = common.paired(times["torch, JPEG decode"], times["loaderx, JPEG decode"])
             print(f"\nloaderx / torch with the same decode: "
                   f"{ref / results['loaderx, JPEG decode']:.2f}x (ratio of medians); per "
-                  f"repeat {statistics.median(pairs):.2f}x median, "
-                  f"{pairs[0]:.2f}..{pairs[-1]:.2f}")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+                  f"repeat {common.spread(pairs)}")
 
 
 # -- the table -----------------------------------------------------------------------------------
 
 
-def median_of(fn, repeats: int) -> float | None:
-    times = []
-    for _ in range(repeats):
-        t = fn()
-        if t is None:
-            return None
-        times.append(t)
-    return statistics.median(times)
+def write_stores(root: pathlib.Path, codecs: tuple[str, ...] = ("zstd", "raw")) -> None:
+    """The workload under ``root``: ``data.npy`` and ``label.npy`` (torch's and grain's), and
+    the stores ``data-<codec>`` and ``label`` (loaderx's), synced."""
+    from loaderx.converter import from_numpy
+
+    data = make_data(N, SIZE)
+    label = np.arange(N, dtype=np.int64) % 1000
+    np.save(root / "data.npy", data)
+    np.save(root / "label.npy", label)
+    del data
+    mm = np.load(root / "data.npy", mmap_mode="r")
+    for codec in codecs:
+        from_numpy(root / f"data-{codec}", mm, codec=codec, progress=False)
+    from_numpy(root / "label", label, codec="raw", progress=False)
+    os.sync()
 
 
 def row(name: str, seconds: float, batches: int, ref: float | None) -> str:
@@ -418,30 +394,19 @@ def row(name: str, seconds: float, batches: int, ref: float | None) -> str:
     bps = 1 / per
     mib = bps * BATCH * SAMPLE_BYTES / 2**20
     vs = f"{(1 / per) / (1 / ref):.2f}x" if ref else "-"
-    return (f"| {name} | {bps:,.1f} | {per * 1e3:.2f} | {bps * BATCH:,.0f} | {mib:,.0f} | {vs} |")
+    return common.row(name, f"{bps:,.1f}", f"{per * 1e3:.2f}", f"{bps * BATCH:,.0f}", f"{mib:,.0f}",
+                      vs)
 
 
 def main(repeats: int = 5) -> None:
-    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-loader-"))
-    try:
-        from loaderx.converter import from_numpy
-
-        data = make_data(N, SIZE)
-        label = np.arange(N, dtype=np.int64) % 1000
-        np.save(root / "data.npy", data)
-        np.save(root / "label.npy", label)
-        del data
-        mm = np.load(root / "data.npy", mmap_mode="r")
-        from_numpy(root / "data-zstd", mm, codec="zstd", progress=False)
-        from_numpy(root / "data-raw", mm, codec="raw", progress=False)
-        from_numpy(root / "label", label, codec="raw", progress=False)
-        os.sync()
+    with common.scratch("loaderx-bench-loader-") as root:
+        write_stores(root)
 
         fast, slow = 1000, 150
         results: dict[str, tuple[float, int]] = {}
 
         def measure(name, fn, batches):
-            t = median_of(fn, repeats)
+            t = common.median_of(fn, repeats)
             if t is not None:
                 results[name] = (t, batches)
 
@@ -462,8 +427,8 @@ def main(repeats: int = 5) -> None:
         try:
             import torch
 
-            per_item = median_of(lambda: torch_run(root, slow, batched=False), repeats)
-            batched = median_of(lambda: torch_run(root, slow, batched=True), repeats)
+            per_item = common.median_of(lambda: torch_run(root, slow, batched=False), repeats)
+            batched = common.median_of(lambda: torch_run(root, slow, batched=True), repeats)
             best = min(per_item, batched)
             torch_note = (f"torch per-item {slow / per_item:.1f} batches/s, "
                           f"__getitems__ {slow / batched:.1f} batches/s; the table shows the "
@@ -491,8 +456,7 @@ def main(repeats: int = 5) -> None:
         ref = torch_t[0] / torch_t[1] if torch_t else None
         print(f"\n## Loader -- {N} records of {SIZE // 1024} KiB + int64 labels, batch {BATCH}, "
               f"{WORKERS} workers, medians of {repeats}\n")
-        print("| loader | batches/s | ms/batch | samples/s | MiB/s | vs torch |")
-        print("|---|---|---|---|---|---|")
+        print(common.head("loader", "batches/s", "ms/batch", "samples/s", "MiB/s", "vs torch"))
         for name, (t, b) in results.items():
             print(row(name, t, b, ref))
         print()
@@ -523,23 +487,24 @@ def main(repeats: int = 5) -> None:
         print(f"RssAnon, 5100 batches: peak {total / 1024:.1f} MiB over the process before the "
               f"loader, of which {grew / 1024:.1f} MiB after batch 100; the prefetch buffers "
               f"(window + 2 batches) are {buffers / 1024:.1f} MiB")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     jpeg_main(min(repeats, 5))
 
 
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["--anon"]:
-        print(*anon_growth(pathlib.Path(sys.argv[2]), 5000))
-    elif sys.argv[1:2] == ["--jpeg"]:
-        import argparse
-
-        options = argparse.ArgumentParser()
-        options.add_argument("--jpeg", action="store_true")
-        options.add_argument("--repeats", type=int, default=5)
-        options.add_argument("--workers", type=int, default=WORKERS)
-        options.add_argument("--batches", type=int, default=60)
-        args = options.parse_args()
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5, help="runs per figure (median)")
+    parser.add_argument("--jpeg", action="store_true", help="the ragged JPEG table alone")
+    parser.add_argument("--workers", type=int, default=WORKERS, help="with --jpeg: workers")
+    parser.add_argument("--batches", type=int, default=60, help="with --jpeg: batches a run")
+    args = parser.parse_args(argv)
+    if args.jpeg:
         jpeg_main(args.repeats, args.workers, args.batches)
     else:
-        main()
+        main(args.repeats)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--anon"]:  # the RssAnon rows, in a fresh process
+        print(*anon_growth(pathlib.Path(sys.argv[2]), 5000))
+    else:
+        common.standalone(cli)

@@ -1,6 +1,6 @@
 """The thread loader of another revision against this one, on the same engine build.
 
-``python scripts/bench_loader_ab.py REV [--repeats N]`` exports ``python/loaderx`` of git
+``python scripts/bench.py loader-ab REV [--repeats N]`` exports ``python/loaderx`` of git
 revision ``REV`` into a temporary directory, gives it this checkout's native module, and times
 the same loader (20,000 records of 12 KiB, zstd and raw, plus int64 labels; batch 256; 4
 threads; 600 batches after 20) in fresh processes, alternating the two packages, so that a
@@ -16,11 +16,12 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
+from functools import partial
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+import _bench_common as common  # noqa: E402
 
 
 def child(package: str, root: str) -> None:
@@ -33,24 +34,17 @@ def child(package: str, root: str) -> None:
         streams = {"data": DenseDataset(f"{root}/data-{kind}"),
                    "label": DenseDataset(f"{root}/label")}
         with DataLoader(streams, batch_size=256, num_workers=4) as loader:
-            for _ in range(20):
-                next(loader)
-            t = time.perf_counter()
-            for _ in range(600):
-                next(loader)
-            out[kind] = 600 / (time.perf_counter() - t)
+            out[kind] = 600 / common.time_next(loader, 600, 20)
     print(json.dumps(out))
 
 
 def main(rev: str, repeats: int) -> None:
     import numpy as np
 
-    sys.path.insert(0, str(HERE))
     from bench_store import make_data
     from loaderx.converter import from_numpy
 
-    work = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-ab-"))
-    try:
+    with common.scratch("loaderx-ab-") as work:
         archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "python/loaderx"],
                                  check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
@@ -61,31 +55,34 @@ def main(rev: str, repeats: int) -> None:
             from_numpy(work / f"data-{codec}", data, codec=codec, progress=False)
         from_numpy(work / "label", np.arange(20000) % 1000, codec="raw", progress=False)
         packages = {rev: str(work / "python"), "this checkout": str(REPO / "python")}
-        runs: dict[str, list[dict[str, float]]] = {name: [] for name in packages}
-        for _ in range(repeats):
-            for name, package in packages.items():
-                r = subprocess.run([sys.executable, __file__, "--child", package, str(work)],
-                                   check=True, capture_output=True, text=True)
-                runs[name].append(json.loads(r.stdout))
+        def one(package: str) -> dict[str, float]:
+            r = subprocess.run([sys.executable, __file__, "--child", package, str(work)],
+                               check=True, capture_output=True, text=True)
+            return json.loads(r.stdout.strip().splitlines()[-1])
+
+        runs = common.interleaved({name: partial(one, package)
+                                   for name, package in packages.items()}, repeats)
         print(f"thread loader, 12 KiB x 256, 4 threads, medians of {repeats} (batches/s)")
         for name, rows in runs.items():
             print(f"  {name}: " + ", ".join(
                 f"{k} {statistics.median(r[k] for r in rows):,.0f}" for k in ("zstd", "raw")))
         for kind in ("zstd", "raw"):
-            ratios = [n[kind] / o[kind] for o, n in zip(runs[rev], runs["this checkout"],
-                                                        strict=True)]
+            ratios = common.paired([n[kind] for n in runs["this checkout"]],
+                                   [o[kind] for o in runs[rev]])
             print(f"  this / {rev}, {kind}: {statistics.median(ratios):.2f}x "
                   f"(per run {min(ratios):.2f}..{max(ratios):.2f})")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+
+
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    options = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    options.add_argument("rev", help="the git revision whose python/loaderx to compare")
+    options.add_argument("--repeats", type=int, default=5)
+    args = options.parse_args(argv)
+    main(args.rev, args.repeats)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--child"]:
+    if sys.argv[1:2] == ["--child"]:  # one run of one package, in a fresh process
         child(sys.argv[2], sys.argv[3])
     else:
-        options = argparse.ArgumentParser()
-        options.add_argument("rev")
-        options.add_argument("--repeats", type=int, default=5)
-        args = options.parse_args()
-        main(args.rev, args.repeats)
+        common.standalone(cli)

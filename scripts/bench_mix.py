@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Data mixtures (``loaderx.mix``, issue 34): ``python scripts/bench_mix.py [--repeats N]
-[--samples 100000000] [--check 10000000]``.
+"""Data mixtures (``loaderx.mix``, issue 34): ``python scripts/bench.py mix [--repeats N]
+[--samples 100000000] [--check 10000000] [--only throughput|megatron]``.
 
 Sections (each row once per repeat, in turn, then the median and the per-repeat ratio's range):
 
@@ -25,47 +25,31 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
-import os
 import pathlib
 import shutil
 import statistics
 import subprocess
-import sysconfig
-import tempfile
 import time
 import tracemalloc
 from typing import Any
 
 import numpy as np
 
-import loaderx
-from loaderx import (
-    DataLoader,
-    DenseDataset,
-    RaggedDataset,
-    from_iterator,
-    from_numpy,
-    mix,
-    pack,
-)
+import _bench_common as common
+from bench_packing import corpus_files, documents
+from loaderx import DataLoader, DenseDataset, RaggedDataset, mix, pack
+from loaderx.converter import from_iterator, from_numpy
 
 
 def corpus() -> list[np.ndarray]:
-    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    files = [f for f in sorted(root.rglob("*.py"))
-             if not {"test", "tests", "site-packages", "idlelib"} & set(f.relative_to(root).parts)]
-    return [np.frombuffer(f.read_bytes(), dtype=np.uint8).astype(np.uint16) + 1 for f in files]
+    """The packing benchmark's corpus: the standard library's sources as byte-level tokens."""
+    return documents(corpus_files())
 
 
 def loader_time(streams: dict[str, Any], batch: int, steps: int) -> float:
     """Microseconds per batch of a ``num_workers=0`` loop (after a warm-up)."""
     with DataLoader(streams, batch_size=batch, num_workers=0, stats=False) as loader:
-        for _ in range(10):
-            next(loader)
-        t = time.perf_counter()
-        for _ in range(steps):
-            next(loader)
-        return (time.perf_counter() - t) / steps * 1e6
+        return common.time_next(loader, steps, 10) / steps * 1e6
 
 
 def bookkeeping(m: Any, batch: int, steps: int) -> float:
@@ -107,16 +91,17 @@ def throughput(root: pathlib.Path, repeats: int) -> None:
             r["mix"].append(loader_time({"t": mixed}, batch, steps))
             fresh = mix(mixed.sources, mixed.weights)
             r["book"].append(bookkeeping(fresh, batch, steps))
-    print("\n| loader, num_workers=0 | one store µs/batch | mixture of two µs/batch | "
-          "mixture / one, throughput (range) | bookkeeping µs/batch | of the batch |")
-    print("|---|---|---|---|---|---|")
+    print("\n" + common.head("loader, num_workers=0", "one store µs/batch",
+                             "mixture of two µs/batch", "mixture / one, throughput (range)",
+                             "bookkeeping µs/batch", "of the batch"))
     for label, *_ in cases:
         r = results[label]
         one_t, mix_t = statistics.median(r["one"]), statistics.median(r["mix"])
-        ratios = [o / m for o, m in zip(r["one"], r["mix"], strict=True)]
+        ratios = common.paired(r["one"], r["mix"])
         book = statistics.median(r["book"])
-        print(f"| {label} | {one_t:,.0f} | {mix_t:,.0f} | {statistics.median(ratios):.2f}x "
-              f"({min(ratios):.2f}-{max(ratios):.2f}x) | {book:.1f} | {book / one_t:.1%} |")
+        print(common.row(label, f"{one_t:,.0f}", f"{mix_t:,.0f}",
+                         f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)",
+                         f"{book:.1f}", f"{book / one_t:.1%}"))
 
 
 # -- Megatron-style blending index -------------------------------------------------------------
@@ -225,8 +210,7 @@ def megatron(root: pathlib.Path, samples: int, check: int, repeats: int) -> None
         assert np.array_equal(index[:probe], py_index)  # the same rule, the same index
     index_bytes = samples * (1 + 8)
     print(f"\n{samples:,} samples of {k} sources (weights {np.round(weights, 3).tolist()}):")
-    print("\n| | setup | memory |")
-    print("|---|---|---|")
+    print("\n" + common.head("", "setup", "memory"))
     peak = statistics.median(ours_peak) / 1e6
     print(f"| loaderx.mix (period {m.period}, the table built and checked) | "
           f"{statistics.median(ours_t) * 1e3:.0f} ms | peak {peak:.2f} MB, kept "
@@ -250,9 +234,9 @@ def megatron(root: pathlib.Path, samples: int, check: int, repeats: int) -> None
     ours_check = time.perf_counter() - t
     print(f"\nEvery prefix of the first {check:,} positions (computed directly, "
           f"{ours_check:.1f} s with the check):")
-    print("\n| | max over prefixes of |count - weight x n|, weights as kept | ... weights as "
-          "asked | every count floor or ceil of its share (weights as kept) |")
-    print("|---|---|---|---|")
+    print("\n" + common.head("", "max over prefixes of |count - weight x n|, weights as kept",
+                             "... weights as asked",
+                             "every count floor or ceil of its share (weights as kept)"))
     print(f"| loaderx.mix (kept to 1/{m.period}) | {eff:.3f} | {req:.3f} | {ok} |")
     # The same weights to 3 decimals: ratios of a period of 1000 at most, kept exactly.
     w3 = np.round(weights, 3)
@@ -272,24 +256,25 @@ def megatron(root: pathlib.Path, samples: int, check: int, repeats: int) -> None
               f"{'yes' if req_m < 1 else 'no'} (within one of the asked weights) |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
+def main(repeats: int = 5, samples: int = 100_000_000, check: int = 10_000_000,
+         only: str | None = None) -> None:
+    with common.scratch("loaderx-bench-mix-") as root:
+        if only in (None, "throughput"):
+            throughput(root, repeats)
+        if only in (None, "megatron"):
+            megatron(root, samples, check, min(repeats, 3))
+
+
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--samples", type=int, default=100_000_000)
     parser.add_argument("--check", type=int, default=10_000_000)
     parser.add_argument("--only", choices=["throughput", "megatron"])
-    args = parser.parse_args()
-    print(f"loaderx {loaderx.__version__}, {os.cpu_count()} cores, NumPy {np.__version__}")
-    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-mix-"))
-    try:
-        if args.only in (None, "throughput"):
-            throughput(root, args.repeats)
-        if args.only in (None, "megatron"):
-            megatron(root, args.samples, args.check, min(args.repeats, 3))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    args = parser.parse_args(argv)
+    main(args.repeats, args.samples, args.check, args.only)
 
 
 if __name__ == "__main__":
-    main()
+    common.standalone(cli)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Packed sequences (``loaderx.pack``): rows of ``python scripts/bench.py loader``, or alone with
-``python scripts/bench_packing.py [--repeats N]``.
+``python scripts/bench.py packing [--repeats N] [--micro]``.
 
 Corpus: the Python standard library's own sources (every ``.py`` file outside ``test`` and
 ``site-packages``, one document per file), byte-level tokens as uint16 (byte + 1; end token 0),
@@ -29,18 +29,17 @@ shifted target), batches of 32. Tables:
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import shutil
 import statistics
-import sys
 import sysconfig
-import tempfile
 import time
 import tracemalloc
 from typing import Any
 
 import numpy as np
+
+import _bench_common as common
 
 BATCH, SEQ = 32, 513
 EOS = 0
@@ -59,10 +58,6 @@ def documents(files: list[pathlib.Path]) -> list[np.ndarray]:
         raw = np.frombuffer(f.read_bytes(), dtype=np.uint8)
         docs.append(raw.astype(np.uint16) + 1)
     return docs
-
-
-def median(fn, repeats: int) -> float:
-    return statistics.median(fn() for _ in range(repeats))
 
 
 # -- throughput ----------------------------------------------------------------------------------
@@ -93,12 +88,8 @@ def loaderx_run(path: pathlib.Path, batches: int, workers: int, method: str = "c
     try:
         with DataLoader({"tokens": view}, batch_size=batch_size,
                         num_workers=workers) as loader:
-            for _ in range(20):
-                next(loader)
-            t = time.perf_counter()
-            for _ in range(batches):
-                batch = next(loader)
-            elapsed = time.perf_counter() - t
+            elapsed = common.time_next(loader, batches, 20)
+            batch = next(loader)  # untimed: the shape check below
     finally:
         set_num_threads(threads)
     assert batch["tokens_positions"].shape == (batch_size, SEQ)
@@ -143,9 +134,9 @@ def zstd_ceiling(stream: pathlib.Path, base: float) -> None:
     if exe is None:
         print("\nzstd CLI not installed: no decode ceiling (apt-get install zstd)")
         return
-    print(f"\n| zstd pieces | `zstd -b3 -B<piece>` decode MB/s | decode ceiling, µs per batch of "
-          f"{BATCH} rows (one core) | best ratio to the baseline |")
-    print("|---|---|---|---|")
+    print("\n" + common.head("zstd pieces", "`zstd -b3 -B<piece>` decode MB/s",
+                             f"decode ceiling, µs per batch of {BATCH} rows (one core)",
+                             "best ratio to the baseline"))
     for piece in (1 << 10, 4 << 10, 16 << 10):
         done = subprocess.run([exe, "-b3", f"-B{piece}", "-i2", str(stream)],
                               capture_output=True, text=True)
@@ -155,8 +146,8 @@ def zstd_ceiling(stream: pathlib.Path, base: float) -> None:
             continue
         decode = float(speeds[-1][1]) * 1e6
         per = BATCH * (SEQ * 2 + piece) / decode
-        print(f"| {piece >> 10} KiB | {decode / 1e6:,.0f} | {per * 1e6:,.0f} | "
-              f"{base / per:.2f}x |")
+        print(common.row(f"{piece >> 10} KiB", f"{decode / 1e6:,.0f}", f"{per * 1e6:,.0f}",
+                         f"{base / per:.2f}x"))
 
 
 def grain_run(docs: list[np.ndarray], batches: int, method: str) -> float | None:
@@ -165,13 +156,7 @@ def grain_run(docs: list[np.ndarray], batches: int, method: str) -> float | None
         import grain.experimental as ge
     except ImportError:
         return None
-    try:  # grain reads absl flags, which a program that is not an absl app never parses
-        from absl import flags
-
-        if not flags.FLAGS.is_parsed():
-            flags.FLAGS.mark_as_parsed()
-    except ImportError:
-        pass
+    common.absl_parsed()
     with_eos = [np.append(d, np.uint16(EOS)) for d in docs]
     ds = grain.MapDataset.source(with_eos).shuffle(seed=0).repeat()
     ds = ds.map(lambda t: {"tokens": t}).to_iter_dataset()
@@ -227,10 +212,7 @@ def throughput(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None
             runs.append((f"grain {label} (documents in memory)",
                          lambda m=method: grain_run(docs, slow, m), slow))
             grain_note = ""
-    seconds: dict[str, list[float]] = {name: [] for name, _, _ in runs}
-    for _ in range(repeats):
-        for name, run, _ in runs:
-            seconds[name].append(run())
+    seconds = common.interleaved({name: run for name, run, _ in runs}, repeats)
     rows = [(name, statistics.median(seconds[name]), n) for name, _, n in runs]
     base_name = runs[0][0]
     per_repeat = {name: [seconds[base_name][r] / runs[0][2] / (t / n)
@@ -240,13 +222,12 @@ def throughput(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None
     print(f"\n## Packed sequences -- {len(docs)} documents (the standard library's sources, "
           f"{tokens / 1e6:.1f} M byte-level tokens), batch {BATCH} x {SEQ}, medians of "
           f"{repeats}\n")
-    print("| loader | µs/batch | M tokens/s | vs baseline | per repeat (range) |")
-    print("|---|---|---|---|---|")
+    print(common.head("loader", "µs/batch", "M tokens/s", "vs baseline", "per repeat (range)"))
     for name, t, n in rows:
         per = t / n
         r = per_repeat[name]
-        print(f"| {name} | {per * 1e6:,.0f} | {BATCH * SEQ / per / 1e6:,.1f} | "
-              f"{base / per:.2f}x | {min(r):.2f}-{max(r):.2f}x |")
+        print(common.row(name, f"{per * 1e6:,.0f}", f"{BATCH * SEQ / per / 1e6:,.1f}",
+                         f"{base / per:.2f}x", f"{min(r):.2f}-{max(r):.2f}x"))
     if grain_note:
         print(f"\n{grain_note}")
     zstd_ceiling(root / "all.bin", base)
@@ -259,25 +240,26 @@ def throughput(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None
 
     # What a training loop waits for per batch when its step releases the GIL (a GPU step):
     # the baseline's slicing runs in the loop; the loader's workers build batches meanwhile.
-    print("\n| behind a 1 ms GIL-free training step | median wait per batch, µs |")
-    print("|---|---|")
-    print(f"| nanoGPT-style memmap slices | {waiting(root, None):,.0f} |")
+    print("\n" + common.head("behind a 1 ms GIL-free training step",
+                             "median wait per batch, µs"))
+    print(common.row("nanoGPT-style memmap slices", f"{waiting(root, None):,.0f}"))
     for workers in (0, 1, 2):
-        print(f"| loaderx pack concat, raw, num_workers={workers} | "
-              f"{waiting(root, workers):,.0f} |")
+        print(common.row(f"loaderx pack concat, raw, num_workers={workers}",
+                         f"{waiting(root, workers):,.0f}"))
 
     # A packed batch costs a fixed number of NumPy calls plus its bytes: larger batches
     # amortize the calls, where the baseline's cost grows with the tokens.
-    print("\n| batch size | baseline M tokens/s | loaderx concat raw, num_workers=0 | ratio |")
-    print("|---|---|---|---|")
+    print("\n" + common.head("batch size", "baseline M tokens/s",
+                             "loaderx concat raw, num_workers=0", "ratio"))
     for size in (32, 128, 512):
         n = max(50, fast * BATCH // size)
-        base_t = median(lambda n=n, size=size: nanogpt(root / "all.bin", n, size), repeats)
-        ours_t = median(lambda n=n, size=size: loaderx_run(root / "raw", n, 0,
+        base_t = common.median_of(lambda n=n, size=size: nanogpt(root / "all.bin", n, size),
+                                  repeats)
+        ours_t = common.median_of(lambda n=n, size=size: loaderx_run(root / "raw", n, 0,
                                                            batch_size=size), repeats)
         rate = n * size * SEQ / 1e6
-        print(f"| {size} | {rate / base_t:,.0f} | {rate / ours_t:,.0f} | "
-              f"{base_t / ours_t:.2f}x |")
+        print(common.row(size, f"{rate / base_t:,.0f}", f"{rate / ours_t:,.0f}",
+                         f"{base_t / ours_t:.2f}x"))
 
 
 # -- the plan ------------------------------------------------------------------------------------
@@ -291,20 +273,19 @@ def plan_cost(repeats: int) -> None:
                          4 * seq).astype(np.uint32)
     print(f"\n## Row plan -- {n // 1_000_000} M documents (lognormal lengths, median 500 "
           f"tokens, {lengths.sum() / 1e9:.1f} G tokens), seq_len {seq}\n")
-    print("| method | seconds | peak MB while planning | MB kept | rows |")
-    print("|---|---|---|---|---|")
+    print(common.head("method", "seconds", "peak MB while planning", "MB kept", "rows"))
     for name, cls in (("concat", ConcatPlan), ("first_fit", FirstFitPlan)):
         def build(cls=cls):
             t = time.perf_counter()
             cls(lengths, seq, 0, True)
             return time.perf_counter() - t
-        seconds = median(build, repeats)
+        seconds = common.median_of(build, repeats)
         tracemalloc.start()
         plan = cls(lengths, seq, 0, True)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        print(f"| {name} | {seconds:.2f} | {peak / 1e6:.0f} | {plan.nbytes / 1e6:.0f} | "
-              f"{plan.rows:,} |")
+        print(common.row(name, f"{seconds:.2f}", f"{peak / 1e6:.0f}", f"{plan.nbytes / 1e6:.0f}",
+                         f"{plan.rows:,}"))
     print("\n(the lengths themselves, 40 MB of uint32, come from the record table and are not "
           "counted)")
 
@@ -320,8 +301,7 @@ def codec_rows(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None
     rng = np.random.default_rng(0)
     print("\n## Codec -- 1 KiB token rows (512 byte-level tokens) in a dense store, one gather "
           f"of {BATCH} random rows\n")
-    print("| codec | µs/batch | bytes on disk / raw |")
-    print("|---|---|---|")
+    print(common.head("codec", "µs/batch", "bytes on disk / raw"))
     raw_bytes = None
     for codec in ("raw", "zstd"):
         from_numpy(root / f"rows-{codec}", rows, codec=codec, progress=False)
@@ -334,17 +314,16 @@ def codec_rows(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None
             for p in picks:
                 ds.gather(p, out)
             return time.perf_counter() - t
-        per = median(run, repeats) / len(picks)
+        per = common.median_of(run, repeats) / len(picks)
         disk = ds.store.stats()["live_bytes"]
         raw_bytes = raw_bytes or disk
-        print(f"| {codec} | {per * 1e6:.0f} | {disk / raw_bytes:.2f} |")
+        print(common.row(codec, f"{per * 1e6:.0f}", f"{disk / raw_bytes:.2f}"))
 
     long_docs = [stream[i * 100_000:(i + 1) * 100_000] for i in range(min(100, len(stream)
                                                                           // 100_000))]
     print(f"\n## Long documents -- {len(long_docs)} documents of 100 k tokens, a packed batch "
           f"of {BATCH} x {SEQ} (gather and segment ids/positions)\n")
-    print("| store | µs/batch | records |")
-    print("|---|---|---|")
+    print(common.head("store", "µs/batch", "records"))
     for codec in ("raw", "zstd"):
         for piece in (None, 64 << 10, 16 << 10, 4 << 10):
             name = f"long-{codec}-{piece}"
@@ -360,9 +339,9 @@ def codec_rows(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None
                     view.gather_rows(p, dst)
                     view.companions("tokens", p)
                 return time.perf_counter() - t
-            per = median(run, repeats) / len(picks)
+            per = common.median_of(run, repeats) / len(picks)
             what = "whole documents" if piece is None else f"{piece >> 10} KiB pieces"
-            print(f"| {codec}, {what} | {per * 1e6:,.0f} | {len(view.docs):,} |")
+            print(common.row(f"{codec}, {what}", f"{per * 1e6:,.0f}", f"{len(view.docs):,}"))
 
 
 def micro(repeats: int = 5) -> None:
@@ -371,8 +350,7 @@ def micro(repeats: int = 5) -> None:
     slicing, one pool thread, best of ``repeats`` runs of 1000 calls (the same documents)."""
     import loaderx
 
-    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-packing-micro-"))
-    try:
+    with common.scratch("loaderx-bench-packing-micro-") as root:
         # Whole records (the native path): the few documents over 1 MiB are cut to it.
         docs = [d[:(1 << 20) // d.itemsize] for d in documents(corpus_files())]
         loaderx.from_iterator(root / "c", docs, codec="raw", progress=False)
@@ -403,33 +381,31 @@ def micro(repeats: int = 5) -> None:
             loop = best(lambda i: next(loader))
         print("\n## Packed batch costs (32 x 513, one pool thread, best of "
               f"{repeats} x 1000)\n")
-        print("| what | µs/batch |\n|---|---|")
-        print(f"| nanoGPT-style slices | {base:.0f} |")
-        print(f"| packed rows + segment ids/positions, native | {best(packed(fast)):.0f} |")
-        print(f"| packed rows + segment ids/positions, NumPy reference | "
-              f"{best(packed(slow), 300):.0f} |")
-        print(f"| next() of an in-process loader over the packed view | {loop:.0f} "
-              f"({base / loop:.2f}x the slices) |")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+        print(common.table(["what", "µs/batch"], [
+            ("nanoGPT-style slices", f"{base:.0f}"),
+            ("packed rows + segment ids/positions, native", f"{best(packed(fast)):.0f}"),
+            ("packed rows + segment ids/positions, NumPy reference",
+             f"{best(packed(slow), 300):.0f}"),
+            ("next() of an in-process loader over the packed view",
+             f"{loop:.0f} ({base / loop:.2f}x the slices)")]))
 
 
 def main(repeats: int = 5) -> None:
-    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-packing-"))
-    try:
+    with common.scratch("loaderx-bench-packing-") as root:
         docs = documents(corpus_files())
         throughput(root, docs, repeats)
         plan_cost(min(repeats, 3))
         codec_rows(root, docs, repeats)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--micro", action="store_true", help="the per-batch costs alone")
-    args = parser.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    args = parser.parse_args(argv)
     (micro if args.micro else main)(args.repeats)
+
+
+if __name__ == "__main__":
+    common.standalone(cli)

@@ -1,6 +1,6 @@
 """Converting on a local Dask cluster against one process, and reading the parts back.
 
-``python scripts/bench_parts.py [--repeats N] [--rows N] [--partitions N] [--only dask|resume]
+``python scripts/bench.py parts [--repeats N] [--rows N] [--partitions N] [--only dask|resume]
 [--stages] [--files 8,16,32]``: a pyarrow table
 (int64 ids, 64-float vectors as fixed-size lists, short strings) converted by
 ``loaderx.from_arrow`` in this process and by ``loaderx.intake.parts.from_dask`` on a
@@ -31,13 +31,14 @@ import functools
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+
+import _bench_common as common
 
 ROWS, PARTITIONS, DIM = 400_000, 8, 64
 # Resumable conversions: files of FILE_ROWS rows of an int64 and BLOB random bytes.
@@ -132,19 +133,17 @@ def dask(repeats: int = 5, rows: int = ROWS, partitions: int = PARTITIONS) -> No
     m = statistics.median
     print(f"\n## Converting on a local Dask cluster -- {rows:,} rows (int64, {DIM} float32, a "
           f"string; {mib:.0f} MiB in Arrow) in {partitions} Parquet files, medians of {repeats}\n")
-    print("| converter | s | MiB/s | vs one process |\n|---|---|---|---|")
-    print(f"| from_arrow, one process | {m(one):.2f} | {mib / m(one):.0f} | 1.00x |")
-    print(f"| from_dask, 2 worker processes, parts joined | {m(cluster_s):.2f} | "
-          f"{mib / m(cluster_s):.0f} | {m(one) / m(cluster_s):.2f}x |")
-    print(f"| from_dask, 2 worker processes, parts kept (join=False) | {m(kept_s):.2f} | "
-          f"{mib / m(kept_s):.0f} | {m(one) / m(kept_s):.2f}x |")
-    print("\n| read back: 256 random rows of every column | batches/s | vs one store |\n"
-          "|---|---|---|")
-    print(f"| one store per column | {m(read_one):,.0f} | 1.00x |")
-    print(f"| {partitions} parts joined into one store per column | {m(read_parts):,.0f} | "
-          f"{m(read_parts) / m(read_one):.2f}x |")
-    print(f"| {partitions} parts kept (join=False) | {m(read_kept):,.0f} | "
-          f"{m(read_kept) / m(read_one):.2f}x |")
+    print(common.table(["converter", "s", "MiB/s", "vs one process"], [
+        ("from_arrow, one process", f"{m(one):.2f}", f"{mib / m(one):.0f}", "1.00x"),
+        *((name, f"{m(t):.2f}", f"{mib / m(t):.0f}", f"{m(one) / m(t):.2f}x") for name, t in (
+            ("from_dask, 2 worker processes, parts joined", cluster_s),
+            ("from_dask, 2 worker processes, parts kept (join=False)", kept_s)))]))
+    print("\n" + common.table(["read back: 256 random rows of every column", "batches/s",
+                               "vs one store"], [
+        (name, f"{m(r):,.0f}", f"{m(r) / m(read_one):.2f}x") for name, r in (
+            ("one store per column", read_one),
+            (f"{partitions} parts joined into one store per column", read_parts),
+            (f"{partitions} parts kept (join=False)", read_kept))]))
 
 
 # -- resumable conversions ------------------------------------------------------------------------
@@ -194,9 +193,8 @@ def resume(repeats: int = 5, counts: tuple[int, ...] = RESUME_FILES,
     print(f"\n## Resumable conversions -- Parquet files of {FILE_ROWS:,} rows (an int64, "
           f"{BLOB} random bytes), zstd, warm cache; medians of {repeats}, rows interleaved, "
           f"ratios per repeat; RESUME_PART_BYTES = {tables.RESUME_PART_BYTES >> 20} MiB\n")
-    print("| files | MB | " + " | ".join(f"{name} ms" for name, _, _ in _RESUME_ROWS)
-          + " | resume vs plain | 8 MiB parts vs plain | one file per part vs plain |")
-    print("|---|---|" + "---|" * (len(_RESUME_ROWS) + 2))
+    print(common.head("files", "MB", *(f"{name} ms" for name, _, _ in _RESUME_ROWS),
+                      "resume vs plain", "8 MiB parts vs plain", "one file per part vs plain"))
     profiles = []
     for count in counts:
         with tempfile.TemporaryDirectory() as tmp:
@@ -214,25 +212,23 @@ def resume(repeats: int = 5, counts: tuple[int, ...] = RESUME_FILES,
                     if r >= 0:
                         times[name].append(took)
             plain = times[_RESUME_ROWS[0][0]]
-            ratios = [m(b / a for a, b in zip(plain, times[name], strict=True))
-                      for name, _, _ in _RESUME_ROWS[1:]]
-            print(f"| {count} | {mb:.0f} | "
-                  + " | ".join(f"{m(times[name]) * 1e3:.0f}" for name, _, _ in _RESUME_ROWS)
-                  + " | " + " | ".join(f"{x:.2f}x" for x in ratios) + " |")
+            ratios = [m(common.paired(times[name], plain)) for name, _, _ in _RESUME_ROWS[1:]]
+            print(common.row(count, f"{mb:.0f}",
+                             *(f"{m(times[name]) * 1e3:.0f}" for name, _, _ in _RESUME_ROWS),
+                             *(f"{x:.2f}x" for x in ratios)))
             if stages:
                 profiles.append((count, _stages(files, tmp, repeats)))
     print("\nTarget: resume=True within 1.3x of the plain conversion (issue 31).")
     for count, profile in profiles:
         print(f"\n### Where the time goes, {count} files (ms a run, median of {repeats}; "
               "a step inside another counts in both)\n")
-        print("| step | " + " | ".join(name for name, _, _ in _RESUME_ROWS) + " |")
-        print("|---|" + "---|" * len(_RESUME_ROWS))
+        print(common.head("step", *(name for name, _, _ in _RESUME_ROWS)))
         for step in _STEP_NAMES:
             cells = []
             for name, _, _ in _RESUME_ROWS:
                 took, calls = profile[name].get(step, (0.0, 0))
                 cells.append(f"{took * 1e3:.1f} ({calls}x)" if calls else "")
-            print(f"| {step} | " + " | ".join(cells) + " |")
+            print(common.row(step, *cells))
 
 
 _STEP_NAMES = ["whole run", "a part written (tables._write)", "stores made (Zrecord())",
@@ -303,8 +299,8 @@ def _stages(files: list[str], tmp: str, repeats: int) -> dict[str, dict[str, tup
             for name, steps_ in found.items()}
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rows", type=int, default=ROWS)
@@ -314,6 +310,10 @@ if __name__ == "__main__":
                         help="also where the time of a resumable conversion goes")
     parser.add_argument("--files", default=",".join(map(str, RESUME_FILES)),
                         help="the numbers of Parquet files of the resumable conversions")
-    a = parser.parse_args()
-    sys.exit(main(a.repeats, a.rows, a.partitions, a.only, a.stages,
-                  tuple(int(n) for n in a.files.split(","))))
+    a = parser.parse_args(argv)
+    main(a.repeats, a.rows, a.partitions, a.only, a.stages,
+         tuple(int(n) for n in a.files.split(",")))
+
+
+if __name__ == "__main__":
+    common.standalone(cli)

@@ -10,8 +10,8 @@ new array per batch, as a loader would consume it:
 * ``np.random.randint``: the legacy global generator;
 * ``default_rng().integers``: NumPy's PCG64 generator.
 
-Not a timed test: run ``python scripts/bench.py sampler`` (or this file directly, with
-``--repeats`` and ``--batches``). ``run()`` returns the figures, ``main()`` prints them.
+Not a timed test: run ``python scripts/bench.py sampler [--repeats N] [--batches N]``.
+``run()`` returns the figures, ``main()`` prints them.
 The machine's load moves microsecond timings, hence the medians.
 """
 
@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+import _bench_common as common
 from loaderx.sampler import Sampler
 
 LENGTH = 1_000_000
@@ -66,11 +67,9 @@ def run(repeats: int = 5, batches: int = 2000) -> list[dict]:
         contenders = _contenders(batch_size)
         for draw in contenders.values():  # warm up: first calls, allocator, caches
             _time_once(draw, max(1, batches // 10))
-        samples: dict[str, list[float]] = {name: [] for name in contenders}
-        for _ in range(repeats):
-            # Interleaved, so a burst of machine load hits every contender alike.
-            for name, draw in contenders.items():
-                samples[name].append(_time_once(draw, batches))
+        samples = common.interleaved(
+            {name: lambda d=draw: _time_once(d, batches) for name, draw in contenders.items()},
+            repeats)
         medians = {name: statistics.median(s) for name, s in samples.items()}
         for name, seconds in medians.items():
             rows.append(
@@ -87,15 +86,11 @@ def run(repeats: int = 5, batches: int = 2000) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     """The rows of ``run`` as a Markdown table, with the cyclic/IID cost ratio per batch size."""
-    lines = [
-        "| batch | sampler | µs/batch | indices/s | vs default_rng |",
-        "|------:|:--------|---------:|----------:|---------------:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['batch_size']} | {r['name']} | {r['us_per_batch']:.2f} | "
-            f"{r['indices_per_s'] / 1e6:.1f} M | {r['vs_default_rng']:.2f}x |"
-        )
+    lines = [common.table(
+        ["batch", "sampler", "µs/batch", "indices/s", "vs default_rng"],
+        [(r["batch_size"], r["name"], f"{r['us_per_batch']:.2f}",
+          f"{r['indices_per_s'] / 1e6:.1f} M", f"{r['vs_default_rng']:.2f}x") for r in rows],
+        align="rlrrr")]
     by = {(r["batch_size"], r["name"]): r["us_per_batch"] for r in rows}
     ratios = ", ".join(
         f"{bs}: {by[(bs, 'loaderx cyclic')] / by[(bs, 'loaderx iid')]:.2f}x"
@@ -113,9 +108,13 @@ def main(repeats: int = 5, batches: int = 2000) -> None:
     print(table(run(repeats, batches)))
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="runs per contender (median)")
     parser.add_argument("--batches", type=int, default=2000, help="batches timed per run")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     main(args.repeats, args.batches)
+
+
+if __name__ == "__main__":
+    common.standalone(cli)

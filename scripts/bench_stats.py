@@ -2,7 +2,7 @@
 """What ``loader.stats()`` costs (issue 36): the loader with statistics on (the default)
 against ``stats=False``, in one run.
 
-``python scripts/bench_stats.py [--windows N] [--batches B] [--quick]``
+``python scripts/bench.py stats [--windows N] [--batches B] [--quick]``
 
 Workloads (the loader benchmark's data: 20,000 records of 12 KiB plus int64 labels, batch 256;
 and small records: 20,000 of 256 B, batch 256, where the loader's fixed cost per batch is
@@ -29,16 +29,15 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import _bench_common as common
 
 N, SIZE, BATCH = 20000, 12 * 1024, 256
 
@@ -150,37 +149,39 @@ def recording_cost(root: pathlib.Path, loops: int) -> list[tuple[str, float]]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--windows", type=int, default=30, help="windows per side (default 30)")
     ap.add_argument("--batches", type=int, default=200, help="batches per window (200)")
     ap.add_argument("--quick", action="store_true", help="4 windows of 50 batches: a smoke "
                     "check, not figures")
-    args = ap.parse_args()
-    windows, batches = (4, 50) if args.quick else (args.windows, args.batches)
-    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-stats-"))
-    try:
+    args = ap.parse_args(argv)
+    main(*((4, 50) if args.quick else (args.windows, args.batches)), quick=args.quick)
+
+
+def main(windows: int = 30, batches: int = 200, quick: bool = False) -> None:
+    with common.scratch("loaderx-bench-stats-") as root:
         make(root)
-        print(f"stats on against stats=False: {windows} windows of {batches} batches each "
-              "on two loaders side by side, taking turns (us per batch)")
-        print(f"{'row':<40}{'on':>9}{'off':>9}{'on/off':>8}  {'pairs: range':<14}"
-              f"{'min on':>8}{'min off':>8}")
+        print(f"\n## stats on against stats=False: {windows} windows of {batches} batches each "
+              "on two loaders side by side, taking turns (µs per batch)\n")
+        print(common.head("row", "on", "off", "on/off", "pairs: range", "min on", "min off",
+                          align="lrrrrrr"))
         for name, kind, workers, mode in ROWS:
             got = paired(root, kind, workers, mode, windows, batches)
             on, off = got[True], got[False]
-            ratios = [a / b for a, b in zip(on, off, strict=True)]
-            print(f"{name:<40}{statistics.median(on) * 1e6:>9.1f}"
-                  f"{statistics.median(off) * 1e6:>9.1f}{statistics.median(ratios):>8.3f}  "
-                  f"{min(ratios):.2f}-{max(ratios):<9.2f}{min(on) * 1e6:>8.1f}"
-                  f"{min(off) * 1e6:>8.1f}")
-        print()
-        print("the recording alone (one thread, 256 B records, batch 256; CPU time, best of "
-              "10 rounds):")
-        for label, cost in recording_cost(root, 2000 if not args.quick else 200):
-            print(f"  {label:<40}{cost / 1e3:>10.2f} us")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+            ratios = common.paired(on, off)
+            print(common.row(name, f"{statistics.median(on) * 1e6:.1f}",
+                             f"{statistics.median(off) * 1e6:.1f}",
+                             f"{statistics.median(ratios):.3f}",
+                             f"{min(ratios):.2f}-{max(ratios):.2f}", f"{min(on) * 1e6:.1f}",
+                             f"{min(off) * 1e6:.1f}"))
+        print("\nThe recording alone (one thread, 256 B records, batch 256; CPU time, best of "
+              "10 rounds):\n")
+        print(common.table(["what", "µs per batch"],
+                           [(label.strip(), f"{cost / 1e3:.2f}")
+                            for label, cost in recording_cost(root, 2000 if not quick else 200)],
+                           align="lr"))
 
 
 if __name__ == "__main__":
-    main()
+    common.standalone(cli)

@@ -22,16 +22,18 @@ and give the median of those paired ratios (see :func:`paired_ratio`).
 
 from __future__ import annotations
 
+import argparse
 import os
 import pathlib
 import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
 
 import numpy as np
+
+import _bench_common as common
 
 BATCH = 256
 WORKLOADS = [(20000, 12 * 1024), (4000, 128 * 1024)]
@@ -250,8 +252,7 @@ def run(repeats: int = 5, workloads=WORKLOADS, only: set[str] | None = None) -> 
         data = make_data(n, size)
         logical = data.nbytes
         batch_mib = BATCH * size / 2**20
-        root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-"))
-        try:
+        with common.scratch("loaderx-bench-") as root:
             built = []
             for name, build in CONTENDERS:
                 if only and name not in only:
@@ -286,8 +287,6 @@ def run(repeats: int = 5, workloads=WORKLOADS, only: set[str] | None = None) -> 
                     "compressed": getattr(gather, "compressed", None),
                     "rnd_times": times[name][0],
                 })
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
     return results
 
 
@@ -310,10 +309,10 @@ def table(results: list[dict]) -> str:
         npy = base.get("npy-mmap")
         cache = base.get("ceiling (page cache)")
         lines.append(f"\n{workload} records, batch {BATCH}:\n")
-        lines.append("| store | write MiB/s | gather rnd MiB/s | gather seq MiB/s | ms/batch (rnd) "
-                     "| on disk MiB | ratio | stored compressed | rnd vs ceiling "
-                     "| rnd vs page-cache ceiling | rnd vs npy-mmap |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        lines.append(common.head(
+            "store", "write MiB/s", "gather rnd MiB/s", "gather seq MiB/s", "ms/batch (rnd)",
+            "on disk MiB", "ratio", "stored compressed", "rnd vs ceiling",
+            "rnd vs page-cache ceiling", "rnd vs npy-mmap"))
         for r in rows:
             f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
             lines.append(
@@ -343,9 +342,8 @@ def dict_write(repeats: int = 3, n: int = 2400, size: int = 12 * 1024) -> str:
     import subprocess
     import sys
 
-    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-dict-"))
     ref = pathlib.Path(__file__).resolve().parent.parent / ".cache" / "loaderx-0.9.11-venv"
-    try:
+    with common.scratch("loaderx-bench-dict-") as root:
         np.save(root / "data.npy", make_data(n, size))
         mib = n * size / 2**20
         pythons = {"loaderx (all cores)": (sys.executable, {}),
@@ -363,16 +361,13 @@ def dict_write(repeats: int = 3, n: int = 2400, size: int = 12 * 1024) -> str:
                     times[name].append(float(p.stdout.strip().splitlines()[-1]))
                 shutil.rmtree(out, ignore_errors=True)
         lines = [f"\nzstd_dict conversion of {n} records of {size // 1024} KiB ({mib:.1f} MiB), "
-                 f"medians of {repeats}:\n", "| converter | MiB/s | vs 1 thread |",
-                 "|---|---|---|"]
+                 f"medians of {repeats}:\n", common.head("converter", "MiB/s", "vs 1 thread")]
         one = statistics.median(times["loaderx (1 thread)"])
         for name, ts in times.items():
             if ts:
                 t = statistics.median(ts)
-                lines.append(f"| {name} | {mib / t:.2f} | {one / t:.2f}x |")
+                lines.append(common.row(name, f"{mib / t:.2f}", f"{one / t:.2f}x"))
         return "\n".join(lines)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def main(repeats: int = 5) -> None:
@@ -381,5 +376,17 @@ def main(repeats: int = 5) -> None:
     print(dict_write(min(repeats, 3)))
 
 
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5, help="runs per figure (median)")
+    parser.add_argument("--dict-write", action="store_true",
+                        help="only the zstd_dict conversion table (dict_write)")
+    args = parser.parse_args(argv)
+    if args.dict_write:
+        print(dict_write(args.repeats))
+    else:
+        main(args.repeats)
+
+
 if __name__ == "__main__":
-    main()
+    common.standalone(cli)

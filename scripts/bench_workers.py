@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Worker threads against worker processes (issue 22): rows of ``python scripts/bench.py loader``,
-or alone with ``python scripts/bench_workers.py [--repeats N] [--quick]``.
+or alone with ``python scripts/bench.py workers [--repeats N] [--tables T,...] [--quick]``.
 
 Every table runs its rows interleaved (each repeat runs every row once, so a change of load
 hits all of them), on the same data in the same run, and shows medians; a ratio is also given
@@ -56,11 +56,9 @@ import argparse
 import json
 import os
 import pathlib
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -72,18 +70,19 @@ import numpy as np
 SCRIPTS = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS))
 
+import _bench_common as common  # noqa: E402
+from _bench_tv_data import TV_BATCH, TV_CROP, TV_N, TV_SIDE, TvItems, make_tv_data  # noqa: E402
 from bench_loader import (  # noqa: E402
     BATCH,
     SIZE,
     NpyBatches,
     augment,
     torch_collate_batches,
+    write_stores,
 )
-from bench_store import make_data  # noqa: E402
 
 N = 20000
 PROCS = 2  # the worker processes of every process row (the cores of the reference machine)
-TV_N, TV_SIDE, TV_CROP, TV_BATCH = 4096, 64, 56, 128
 MEM_N, MEM_SIZE, MEM_BATCH, MEM_NAMES = 100_000, 256, 100, 100_000
 
 
@@ -156,11 +155,6 @@ def loaderx_rate(streams_fn: Callable[[], dict[str, Any]], batches: int, warm: i
     return result
 
 
-def endless(loader):
-    while True:
-        yield from loader
-
-
 def torch_worker_pids(loader) -> list[int]:
     """The worker processes of a torch DataLoader with persistent workers (private API)."""
     try:
@@ -183,7 +177,7 @@ def torch_augment_rate(root: pathlib.Path, batches: int, warm: int) -> Measured:
                         num_workers=PROCS, persistent_workers=True,
                         collate_fn=torch_collate_batches)
     try:
-        return timed(endless(loader), batches, warm, partial(torch_worker_pids, loader))
+        return timed(common.endless(loader), batches, warm, partial(torch_worker_pids, loader))
     finally:
         del loader
 
@@ -219,24 +213,12 @@ def tv_augment(batch: dict[str, np.ndarray]) -> dict[str, Any]:
             "label": torch.from_numpy(batch["label"])}
 
 
-class TvItems:
-    """torch's map-style dataset over the same ``DenseDataset`` pair: one image per item."""
+class TvImages(TvItems):
+    """torch's map-style dataset over the same ``DenseDataset`` pair: one image per item, the
+    pipeline built per process as ``tv_augment``'s."""
 
-    def __init__(self, root: str) -> None:
-        from loaderx.dataset import DenseDataset
-
-        # DenseDatasets pickle by path: each torch worker reopens the stores.
-        self.image = DenseDataset(os.path.join(root, "tv-image"))
-        self.label = DenseDataset(os.path.join(root, "tv-label"))
-
-    def __len__(self) -> int:
-        return len(self.image)
-
-    def __getitem__(self, i: int) -> tuple[Any, int]:
-        import torch
-
-        img = torch.from_numpy(self.image[i]).permute(2, 0, 1)
-        return tv_pipeline()(img), int(self.label[i])
+    def pipeline(self) -> Any:
+        return tv_pipeline()
 
 
 def torch_tv_rate(root: pathlib.Path, batches: int, warm: int) -> Measured:
@@ -244,25 +226,12 @@ def torch_tv_rate(root: pathlib.Path, batches: int, warm: int) -> Measured:
     from torch.utils.data import DataLoader
 
     torch.set_num_threads(1)
-    loader = DataLoader(TvItems(str(root)), batch_size=TV_BATCH, shuffle=True,
+    loader = DataLoader(TvImages(str(root)), batch_size=TV_BATCH, shuffle=True,
                         num_workers=PROCS, persistent_workers=True)
     try:
-        return timed(endless(loader), batches, warm, partial(torch_worker_pids, loader))
+        return timed(common.endless(loader), batches, warm, partial(torch_worker_pids, loader))
     finally:
         del loader
-
-
-def make_tv_data(root: pathlib.Path) -> None:
-    from loaderx.converter import from_numpy
-
-    rng = np.random.default_rng(22)
-    y, x = np.mgrid[0:TV_SIDE, 0:TV_SIDE]
-    base = np.stack([x * 4, y * 4, (x + y) * 2], axis=-1).astype(np.int16)
-    noise = rng.integers(-20, 21, size=(TV_N, TV_SIDE, TV_SIDE, 3), dtype=np.int16)
-    images = np.clip(base + noise, 0, 255).astype(np.uint8)
-    from_numpy(root / "tv-image", images, codec="raw", progress=False)
-    from_numpy(root / "tv-label", np.arange(TV_N, dtype=np.int64) % 100, codec="raw",
-               progress=False)
 
 
 # -- measuring -----------------------------------------------------------------------------------
@@ -271,22 +240,13 @@ def make_tv_data(root: pathlib.Path) -> None:
 Rows = dict[str, list[Measured]]
 
 
-def interleaved(runs: dict[str, Callable[[], Measured]], repeats: int) -> Rows:
-    """Each repeat runs every row once; returns each row's measurements per repeat."""
-    measured: Rows = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, fn in runs.items():
-            measured[name].append(fn())
-    return measured
-
-
 def rates_of(measured: Rows) -> dict[str, list[float]]:
     return {name: [m[0] for m in ms] for name, ms in measured.items()}
 
 
 def ratio_text(rates: dict[str, list[float]], num: str, den: str) -> str:
     """``num / den``: of the medians, and per repeat (median, range)."""
-    pairs = sorted(a / b for a, b in zip(rates[num], rates[den], strict=True))
+    pairs = sorted(common.paired(rates[num], rates[den]))
     of_medians = statistics.median(rates[num]) / statistics.median(rates[den])
     spread = f"{pairs[0]:.2f}..{pairs[-1]:.2f}" if len(pairs) > 1 else "one repeat"
     return (f"{of_medians:.2f}x (per repeat {statistics.median(pairs):.2f}x median, "
@@ -299,41 +259,34 @@ def ratio(rates: dict[str, list[float]], num: str, den: str) -> float:
 
 def table(measured: Rows, batch: int, ref: str | None) -> None:
     rates = rates_of(measured)
-    print(f"| loader | batches/s | ms/batch | samples/s | cores busy (consumer) | CPU ms/batch "
-          f"| vs {ref or '-'} |")
-    print("|---|---|---|---|---|---|---|")
+    print(common.head("loader", "batches/s", "ms/batch", "samples/s", "cores busy (consumer)",
+                      "CPU ms/batch", f"vs {ref or '-'}"))
     for name, ms in measured.items():
         bps = statistics.median(rates[name])
         busy = statistics.median(m[1] for m in ms)
         consumer = statistics.median(m[2] for m in ms)
         cpu_ms = statistics.median(1e3 * m[1] / m[0] for m in ms)
         vs = f"{ratio(rates, name, ref):.2f}x" if ref in rates else "-"
-        print(f"| {name} | {bps:,.1f} | {1e3 / bps:.2f} | {bps * batch:,.0f} "
-              f"| {busy:.2f} ({consumer:.2f}) | {cpu_ms:.2f} | {vs} |")
+        print(common.row(name, f"{bps:,.1f}", f"{1e3 / bps:.2f}", f"{bps * batch:,.0f}",
+                         f"{busy:.2f} ({consumer:.2f})", f"{cpu_ms:.2f}", vs))
 
 
 def target(label: str, value: float, goal: float) -> str:
     return f"{label}: {value:.2f}x (target >= {goal}x: {'met' if value >= goal else 'NOT met'})"
 
 
-def has(module: str) -> str | None:
-    """None when ``module`` imports, else why not."""
-    try:
-        __import__(module)
-    except Exception as e:  # ImportError, or a broken install (a wheel for another torch)
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
 # -- the tables ----------------------------------------------------------------------------------
 
 
-def augment_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
+def zstd_streams(root: pathlib.Path) -> dict[str, Any]:
+    """The loader benchmark's stores: 12 KiB records (zstd) and int64 labels."""
     from loaderx.dataset import DenseDataset
 
-    def streams():
-        return {"data": DenseDataset(root / "data-zstd"), "label": DenseDataset(root / "label")}
+    return {"data": DenseDataset(root / "data-zstd"), "label": DenseDataset(root / "label")}
 
+
+def augment_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
+    streams = partial(zstd_streams, root)
     b, w = plan.augment, plan.warm
     chosen: dict[str, Any] = {}
     runs: dict[str, Callable[[], float]] = {
@@ -345,10 +298,10 @@ def augment_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
             streams, b, w, chosen, batch_size=BATCH, num_workers=PROCS, transform=augment,
             worker_mode="process"),
     }
-    torch_missing = has("torch")
+    torch_missing = common.available("torch")
     if torch_missing is None:
         runs[f"torch, {PROCS} worker processes"] = lambda: torch_augment_rate(root, b, w)
-    measured = interleaved(runs, repeats)
+    measured: Rows = common.interleaved(runs, repeats)
     rates = rates_of(measured)
     print(f"\n## Worker threads and processes, per-sample Python transform (augment) -- {N} "
           f"records of {SIZE // 1024} KiB (zstd) + int64 labels, batch {BATCH}, medians of "
@@ -382,11 +335,7 @@ def augment_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
 
 
 def identity_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
-    from loaderx.dataset import DenseDataset
-
-    def streams():
-        return {"data": DenseDataset(root / "data-zstd"), "label": DenseDataset(root / "label")}
-
+    streams = partial(zstd_streams, root)
     b, w = plan.identity, plan.warm
     default: dict[str, Any] = {}
     runs = {
@@ -395,7 +344,7 @@ def identity_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
         f"processes, {PROCS} workers": lambda: loaderx_rate(
             streams, b, w, batch_size=BATCH, num_workers=PROCS, worker_mode="process"),
     }
-    measured = interleaved(runs, repeats)
+    measured: Rows = common.interleaved(runs, repeats)
     rates = rates_of(measured)
     print(f"\n## Identity transform -- the same data, batch {BATCH}, medians of {repeats} x {b} "
           f"batches\n")
@@ -407,7 +356,7 @@ def identity_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
 
 
 def torchvision_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
-    missing = has("torchvision.transforms.v2")
+    missing = common.available("torchvision.transforms.v2")
     if missing is not None:
         print(f"\n## torchvision.transforms.v2: skipped ({missing})")
         return
@@ -432,7 +381,7 @@ def torchvision_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
     import torchvision
 
     torch.set_num_threads(1)  # the thread rows run the pipeline in this process
-    measured = interleaved(runs, repeats)
+    measured: Rows = common.interleaved(runs, repeats)
     rates = rates_of(measured)
     print(f"\n## torchvision.transforms.v2 per sample -- {TV_N} images {TV_SIDE}x{TV_SIDE}x3 "
           f"uint8, RandomResizedCrop({TV_CROP}) + RandomHorizontalFlip + ToDtype(float32), "
@@ -448,11 +397,7 @@ def torchvision_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
 
 
 def workers_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
-    from loaderx.dataset import DenseDataset
-
-    def streams():
-        return {"data": DenseDataset(root / "data-zstd"), "label": DenseDataset(root / "label")}
-
+    streams = partial(zstd_streams, root)
     b, w = plan.augment, plan.warm
     default: dict[str, Any] = {}
     runs = {"num_workers=None (default)": lambda: loaderx_rate(
@@ -460,7 +405,7 @@ def workers_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
     for n in (1, 2, 4):
         runs[f"num_workers={n}"] = (lambda n=n: loaderx_rate(
             streams, b, w, batch_size=BATCH, num_workers=n, transform=augment))
-    measured = interleaved(runs, repeats)
+    measured: Rows = common.interleaved(runs, repeats)
     cores = len(os.sched_getaffinity(0))
     print(f"\n## Default worker count, threads, augment transform -- {cores} usable cores, "
           f"medians of {repeats} x {b} batches\n")
@@ -535,9 +480,9 @@ def memory_table(root: pathlib.Path, plan: Plan) -> None:
           f"strings (about 20 MiB) built before the loader, which the 'lookup' transform reads "
           f"(one name per record) and 'identity' does not; smaps_rollup after batch 100 and "
           f"after batch {total:,} (MiB; USS = private pages)\n")
-    print("| start method | transform | process | RSS @100 | PSS @100 | USS @100 | RSS @end "
-          "| PSS @end | USS @end | growth RSS | growth PSS | growth USS |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(common.head("start method", "transform", "process", "RSS @100", "PSS @100", "USS @100",
+                      "RSS @end", "PSS @end", "USS @end", "growth RSS", "growth PSS",
+                      "growth USS"))
     for method, kind in (("fork", "identity"), ("fork", "lookup"), ("forkserver", "identity"),
                          ("forkserver", "lookup")):
         proc = subprocess.run([sys.executable, str(SCRIPTS / "bench_workers.py"), "--memory",
@@ -545,16 +490,15 @@ def memory_table(root: pathlib.Path, plan: Plan) -> None:
                               capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            print(f"| {method} | {kind} | failed: {tail} |")
+            print(common.row(method, kind, f"failed: {tail}"))
             continue
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         for who, a in out["first"].items():
             z = out["last"][who]
             cells = [a["rss"], a["pss"], a["uss"], z["rss"], z["pss"], z["uss"]]
             growth = [z[k] - a[k] for k in ("rss", "pss", "uss")]
-            print(f"| {out['method']} | {kind} | {who} | "
-                  + " | ".join(f"{c / 1024:.1f}" for c in cells) + " | "
-                  + " | ".join(f"{g / 1024:+.1f}" for g in growth) + " |")
+            print(common.row(out["method"], kind, who, *(f"{c / 1024:.1f}" for c in cells),
+                             *(f"{g / 1024:+.1f}" for g in growth)))
 
 
 # -- main ----------------------------------------------------------------------------------------
@@ -648,7 +592,7 @@ STARTUP_ROWS = ("torch", "fork", "forkserver, at once", "forkserver, 5 s later",
 
 
 def startup_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
-    if (why := has("torchvision")) is not None:
+    if (why := common.available("torchvision")) is not None:
         print(f"\n(start-up table skipped: torchvision does not import: {why})")
         return
     if not (root / "tv-image").exists():
@@ -663,12 +607,12 @@ def startup_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
     memory = {row: statistics.median(g["pss_mib"] for g in got[row]) for row in STARTUP_ROWS}
     print(f"\n### Start-up with a torchvision transform ({PROCS} worker processes, batch "
           f"{TV_BATCH}; medians of {repeats}, rows interleaved, each in a fresh interpreter)\n")
-    print("| loader | first batch s | vs torch | PSS MiB (all its processes) | vs fork |")
-    print("|---|---:|---:|---:|---:|")
+    print(common.head("loader", "first batch s", "vs torch", "PSS MiB (all its processes)",
+                      "vs fork", align="-rrrr"))
     for row in STARTUP_ROWS:
         name = row if row == "torch" else f"loaderx, {row}"
-        print(f"| {name} | {first[row]:.2f} | {first[row] / first['torch']:.1f}x "
-              f"| {memory[row]:,.0f} | {memory[row] / memory['fork']:.2f}x |")
+        print(common.row(name, f"{first[row]:.2f}", f"{first[row] / first['torch']:.1f}x",
+                         f"{memory[row]:,.0f}", f"{memory[row] / memory['fork']:.2f}x"))
 
 
 TABLES = ("augment", "identity", "torchvision", "memory", "workers", "startup")
@@ -682,43 +626,38 @@ def main(repeats: int = 5, quick: bool = False, tables: tuple[str, ...] = TABLES
     # here) and bench_loader: they need the scripts folder on their path.
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(SCRIPTS), os.environ.get("PYTHONPATH", "")) if p)
-    root = pathlib.Path(tempfile.mkdtemp(prefix="loaderx-bench-workers-"))
-    try:
-        from loaderx.converter import from_numpy
-
-        data = make_data(N, SIZE)
-        label = np.arange(N, dtype=np.int64) % 1000
-        np.save(root / "data.npy", data)
-        np.save(root / "label.npy", label)
-        from_numpy(root / "data-zstd", data, codec="zstd", progress=False)
-        from_numpy(root / "label", label, codec="raw", progress=False)
-        del data
+    with common.scratch("loaderx-bench-workers-") as root:
+        write_stores(root, ("zstd",))
         for name in tables:
             if name == "memory":
                 memory_table(root, plan)
             else:
                 globals()[f"{name}_table"](root, plan, repeats)
         print(NOTE)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
-def cli() -> None:
+def child() -> bool:
+    """Runs the row a parent asked for with ``--startup`` or ``--memory`` (a fresh interpreter
+    per row); False when this process is no such child."""
     if sys.argv[1:2] == ["--startup"]:
         print(json.dumps(startup_run(pathlib.Path(sys.argv[2]), sys.argv[3])))
-        return
+        return True
     if sys.argv[1:2] == ["--memory"]:
         root, method, kind, batches = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
         print(json.dumps(memory_run(pathlib.Path(root), method, kind == "lookup", batches)))
-        return
-    parser = argparse.ArgumentParser(description=__doc__,
+        return True
+    return False
+
+
+def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure (median)")
     parser.add_argument("--tables", default="",
                         help=f"comma-separated subset of {','.join(TABLES)} (default all)")
     parser.add_argument("--quick", action="store_true",
                         help="every row once with few batches (a smoke check)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     tables = tuple(args.tables.split(",")) if args.tables else TABLES
     if unknown := set(tables) - set(TABLES):
         parser.error(f"unknown tables {sorted(unknown)}; choose from {', '.join(TABLES)}")
@@ -730,4 +669,5 @@ if __name__ == "__main__":
     # worker process imports them from there) rather than as __main__.*.
     import bench_workers
 
-    bench_workers.cli()
+    if not bench_workers.child():
+        common.standalone(bench_workers.cli)

@@ -148,9 +148,11 @@ def test_bench_runs_the_harness_of_the_checkout(monkeypatch, capsys):
     monkeypatch.setattr(cli.subprocess, "run",
                         lambda cmd: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
     assert cli.main(["bench", "store", "--repeats", "3"]) == 0
-    (cmd,) = calls
-    assert cmd[0] == sys.executable and cmd[1].endswith(os.path.join("scripts", "bench.py"))
-    assert os.path.isfile(cmd[1]) and cmd[2:] == ["store", "--repeats", "3"]
+    assert cli.main(["bench", "workers", "--tables", "startup", "--repeats", "5"]) == 0
+    store, workers = calls
+    assert store[0] == sys.executable and store[1].endswith(os.path.join("scripts", "bench.py"))
+    assert os.path.isfile(store[1]) and store[2:] == ["store", "--repeats", "3"]
+    assert workers[2:] == ["workers", "--tables", "startup", "--repeats", "5"]
 
 
 def test_compact_needs_the_writer_lock(tmp_path, npy):

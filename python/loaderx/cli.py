@@ -17,7 +17,7 @@ Commands::
     loaderx unpack ARCHIVE DST [--overwrite]   the store or dataset directory of an archive,
                                       checked, into a new directory
     loaderx compact STORE             reclaim the space of deleted records
-    loaderx bench [LAYER]             run the benchmark harness (scripts/bench.py)
+    loaderx bench [LAYER [OPTIONS]]   run the benchmark harness (scripts/bench.py LAYER)
     loaderx profile DATA [--transform module:function] [--plot out.png]   the loader's speed
                                       at several worker counts in both worker modes, each
                                       stage's time, and the ceilings (loaderx.profiling)
@@ -666,9 +666,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not script.is_file():
         raise _UsageError("the benchmark harness ships with the source tree (scripts/bench.py); "
                           "run this from a checkout of loaderx")
-    cmd = [sys.executable, str(script), args.layer]
-    if args.repeats:
-        cmd += ["--repeats", str(args.repeats)]
+    cmd = [sys.executable, str(script), args.layer, *args.options]
     return subprocess.run(cmd).returncode
 
 
@@ -806,9 +804,10 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="run the benchmarks (from a source checkout)")
     bench.add_argument("layer", nargs="?", default="all",
-                       choices=["sampler", "store", "loader", "all"],
-                       help="sampler, store, loader or all (default)")
-    bench.add_argument("--repeats", type=int, default=None)
+                       help="a layer of the harness (sampler, store, loader, workers, ...; "
+                            "all by default): `python scripts/bench.py --help` lists them")
+    bench.add_argument("options", nargs=argparse.REMAINDER,
+                       help="the layer's own options (--repeats N, ...), passed on as given")
     bench.set_defaults(run=cmd_bench)
 
     prof = sub.add_parser(
