@@ -1,7 +1,7 @@
-"""The README's resumable torchvision augmentations, as module-level transforms (forkserver and
-spawn workers import them by name): one for process workers, which seeds torch's global
-generator per batch (``ctx.seed_torch()``) and runs ``torchvision.transforms.v2`` as usual, and
-one for any worker mode, which draws every parameter from ``ctx`` and applies it with
+"""The guide's resumable torchvision augmentations (docs/guide/loading.md), as module-level
+transforms (forkserver and spawn workers import them by name): one for process workers, which seeds
+torch's global generator per batch (``ctx.seed_torch()``) and runs ``torchvision.transforms.v2`` as
+usual, and one for any worker mode, which draws every parameter from ``ctx`` and applies it with
 ``torchvision.transforms.v2.functional``."""
 
 from __future__ import annotations

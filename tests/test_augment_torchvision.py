@@ -1,6 +1,7 @@
-"""Resumable augmentation with torchvision: the recipes of the README's augmentation section
-give bit-identical batches when a run is resumed at a step, on another worker count, in the
-worker modes each is made for (tests/_torchvision_recipes.py)."""
+"""Resumable augmentation with torchvision: the recipes of the guide's augmentation section
+(docs/guide/loading.md, "Augmentation with torchvision") give bit-identical batches when a run is
+resumed at a step, on another worker count, in the worker modes each is made for
+(tests/_torchvision_recipes.py)."""
 
 from __future__ import annotations
 

@@ -32,11 +32,12 @@ from loaderx.frameworks import (
 N = 200
 DATA = np.arange(N * 8, dtype=np.float32).reshape(N, 8) * 0.25
 CHILDREN = pathlib.Path(__file__).with_name("framework_children.py")
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
-# README examples that need a framework are fenced ```python torch / ```python jax: run here
-# as scripts of their own (as a user pastes them, spawn workers and all), not by test_docs,
-# which runs plain ```python blocks inside the test process.
-FRAMEWORK_EXAMPLE = re.compile(r"```python (torch|jax)\n(.*?)```", re.S)
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# The README and the guide: examples that need a framework are fenced ```python torch /
+# ```python jax, and run here as scripts of their own (as a user pastes them, spawn workers and
+# all), not by test_docs, which runs plain ```python blocks inside the test process.
+DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FRAMEWORK_EXAMPLE = re.compile(r"^```python (torch|jax)\n(.*?)^```$", re.S | re.M)
 
 
 @pytest.fixture(scope="module")
@@ -260,20 +261,26 @@ def test_orbax_standard_checkpoint_of_loader_and_params(dense_path, tmp_path):
 
 
 def test_readme_framework_examples_run_as_pasted(tmp_path):
-    examples = FRAMEWORK_EXAMPLE.findall(README.read_text())
-    assert {kind for kind, _ in examples} == {"torch", "jax"}, \
-        "the README has a ```python torch and a ```python jax example"
-    for i, (kind, code) in enumerate(examples):
+    """Every ```python torch / ```python jax block of the README and the guide, wherever it is,
+    runs as a script of its own from a fresh directory of its page (``-W error``)."""
+    examples = [(page, kind, code) for page in DOC_PAGES
+                for kind, code in FRAMEWORK_EXAMPLE.findall(page.read_text())]
+    assert {kind for _, kind, _ in examples} == {"torch", "jax"}, \
+        "the README and the guide have a ```python torch and a ```python jax example"
+    for i, (page, kind, code) in enumerate(examples):
         if kind == "torch":
             need("torch")
         else:
             need_installed("jax", "orbax.checkpoint")
-        script = tmp_path / f"readme_{i}_{kind}.py"
+        where = f"{page.relative_to(ROOT)}, {kind} example {i}"
+        cwd = tmp_path / page.stem
+        cwd.mkdir(exist_ok=True)
+        script = cwd / f"example_{i}_{kind}.py"
         script.write_text(code)
-        p = subprocess.run([sys.executable, "-W", "error", str(script)], cwd=tmp_path,
+        p = subprocess.run([sys.executable, "-W", "error", str(script)], cwd=cwd,
                            capture_output=True, text=True, timeout=300,
                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
-        assert p.returncode == 0, f"README {kind} example {i}:\n{code}\n{p.stdout}{p.stderr}"
+        assert p.returncode == 0, f"{where}:\n{code}\n{p.stdout}{p.stderr}"
 
 
 # -- Without the frameworks ---------------------------------------------------------------------

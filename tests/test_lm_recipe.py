@@ -1,7 +1,7 @@
-"""The README's language-model recipe, run as a test: a real text corpus (the Python standard
-library's own sources, on every machine) tokenized byte by byte, converted, packed, a tiny NumPy
-model trained a few hundred steps, checkpointed and resumed with identical batches, and one
-finite evaluation pass. Dependency-free: NumPy and loaderx only."""
+"""The guide's language-model recipe (docs/guide/packing.md), run as a test: a real text corpus (the
+Python standard library's own sources, on every machine) tokenized byte by byte, converted, packed,
+a tiny NumPy model trained a few hundred steps, checkpointed and resumed with identical batches, and
+one finite evaluation pass. Dependency-free: NumPy and loaderx only."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 The native module declares ``gil_used = false``; on the GIL build these threads still overlap
 inside every native call (each releases the GIL), which is where a data race would be. The same
-test is the one to run under a free-threaded interpreter (see README, "Free-threaded Python").
+test is the one to run under a free-threaded interpreter (see docs/guide/workers.md,
+"Free-threaded Python").
 """
 
 from __future__ import annotations
