@@ -38,8 +38,8 @@ thread starts (``sys.getrefcount`` then reads 2**32 - 1), so neither the functio
 its globals are contended either way; what is contended is every *mortal* object two threads
 take references to at once (a bound method such as NumPy's ``umr_sum`` in
 ``numpy/_core/_methods.py``, which ``ndarray.sum`` calls per sample, a module-level array or
-float, a closure, a callable instance). See the README's "Free-threaded Python" for what was
-measured.
+float, a closure, a callable instance). See docs/guide/workers.md, "Free-threaded Python", for
+what was measured.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ another number of hosts or workers, augments every record exactly as the uninter
   each worker has that generator to itself. In thread workers (and ``num_workers=0``) the
   generator is the training loop's and every worker's at once, so no seeding can make it exact;
   there ``seed_torch`` refuses, and the recipe is to draw the parameters from ``ctx`` and apply
-  them with ``torchvision.transforms.v2.functional`` (see the README's augmentation recipes).
+  them with ``torchvision.transforms.v2.functional`` (docs/guide/loading.md, "Augmentation
+  with torchvision").
 
 >>> import numpy as np
 >>> ctx = BatchContext(step=3, seed=7, pass_id=None, shard_index=1, shard_count=2,

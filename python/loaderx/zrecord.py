@@ -15,7 +15,7 @@ b'world!hello'
 
 Appended records are visible to every thread using the handle as soon as ``append`` returns;
 ``sync()`` (or ``close()``) makes them durable and visible to every other handle and process.
-See the README's "Many handles and processes" for what several handles may do at once.
+See docs/guide/store.md, "Many handles and processes", for what several handles may do at once.
 """
 
 from __future__ import annotations
