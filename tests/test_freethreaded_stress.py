@@ -153,6 +153,41 @@ class Runner:
         assert self.problems == [], self.problems[:5]
 
 
+def churn_prefetchers(runner: Runner, loader: DataLoader, *, rounds: int, asks: int,
+                      names: tuple[str, str], seek_every: int = 0) -> None:
+    """Adds to ``runner`` two threads (``<names[0]>-0``, ``-1``) each making and closing eight
+    prefetchers over ``loader``, ``rounds`` times, and a third (``names[1]``) asking
+    ``state_dict()`` (which counts the prefetchers' batches) while they come and go: at least
+    ``asks`` times and until both are done, with a ``seek(0)`` (which tells every prefetcher
+    it moved) every ``seek_every`` asks when that is not 0. The step stays 0 throughout."""
+    made = threading.Event()
+    churned = [threading.Event(), threading.Event()]
+
+    def churn(k: int) -> None:
+        try:
+            for _ in range(rounds):
+                held = [Prefetcher(loader, lambda b: b) for _ in range(8)]
+                made.set()
+                for p in held:
+                    p.close()
+        finally:
+            made.set()
+            churned[k].set()
+
+    def ask() -> None:
+        made.wait(rel.HANG_SECONDS)
+        asked = 0
+        while asked < asks or not all(e.is_set() for e in churned):
+            assert loader.state_dict()["step"] == 0
+            if seek_every and asked % seek_every == 0:
+                loader.seek(0)
+            asked += 1
+
+    runner.add(f"{names[0]}-0", churn, 0)
+    runner.add(f"{names[0]}-1", churn, 1)
+    runner.add(names[1], ask)
+
+
 def test_threads_mixing_loaders_gathers_and_writes(data, tmp_path):
     refs = references(data)
     configs = configurations(data)
@@ -205,31 +240,8 @@ def test_threads_mixing_loaders_gathers_and_writes(data, tmp_path):
 
     # -- prefetchers made and closed beside state_dict() on one loader ---------------------------
     counted = DataLoader({"x": data["x"]}, batch_size=BATCH, num_workers=0, seed=9)
-    made = threading.Event()
-    churned = [threading.Event(), threading.Event()]
-
-    def prefetchers(k: int) -> None:
-        try:
-            for _ in range(300):
-                held = [Prefetcher(counted, lambda b: b) for _ in range(8)]
-                made.set()
-                for p in held:
-                    p.close()
-        finally:
-            made.set()
-            churned[k].set()
-
-    def checkpoints() -> None:
-        """state_dict() (which counts the prefetchers' batches) while they come and go."""
-        made.wait(rel.HANG_SECONDS)
-        asked = 0
-        while asked < 1000 or not all(e.is_set() for e in churned):
-            assert counted.state_dict()["step"] == 0
-            asked += 1
-
-    runner.add("prefetchers-0", prefetchers, 0)
-    runner.add("prefetchers-1", prefetchers, 1)
-    runner.add("checkpoints", checkpoints)
+    churn_prefetchers(runner, counted, rounds=300, asks=1000,
+                      names=("prefetchers", "checkpoints"))
 
     # -- close() racing next() ------------------------------------------------------------------
     def close_racer(seed: int) -> None:
@@ -389,33 +401,9 @@ def test_state_dict_while_prefetchers_come_and_go(data):
     (A ``weakref.WeakSet`` of them raised "Set changed size during iteration", with the GIL
     too.)"""
     loader = DataLoader({"x": data["x"]}, batch_size=BATCH, num_workers=0, seed=9)
-    made = threading.Event()
-    churned = [threading.Event(), threading.Event()]
     runner = Runner()
-
-    def churn(k: int) -> None:
-        try:
-            for _ in range(1500):
-                held = [Prefetcher(loader, lambda b: b) for _ in range(8)]
-                made.set()
-                for p in held:
-                    p.close()
-        finally:
-            made.set()
-            churned[k].set()
-
-    def ask() -> None:
-        made.wait(rel.HANG_SECONDS)
-        asked = 0
-        while asked < 2000 or not all(e.is_set() for e in churned):
-            assert loader.state_dict()["step"] == 0
-            if asked % 100 == 0:
-                loader.seek(0)  # tells every prefetcher it moved
-            asked += 1
-
-    runner.add("churn-0", churn, 0)
-    runner.add("churn-1", churn, 1)
-    runner.add("ask", ask)
+    churn_prefetchers(runner, loader, rounds=1500, asks=2000, names=("churn", "ask"),
+                      seek_every=100)
     runner.run()
     loader.close()
 

@@ -1198,6 +1198,48 @@ def test_the_fork_server_imports_the_transforms_module_once(root, tmp_path):
     assert out == {"method": "forkserver", "server": True, "preloaded": [True] * 4}
 
 
+FORKSERVER_WITHOUT = """
+import json, os, sys, types
+from multiprocessing import forkserver
+import _process_helpers as helpers
+real = forkserver.ensure_running.__self__  # the server multiprocessing itself still uses
+how = sys.argv[2]
+if how == "no server object":
+    del forkserver._forkserver
+elif how == "a server object without its fields":
+    forkserver._forkserver = types.SimpleNamespace()
+else:
+    del forkserver.ensure_running
+from loaderx import DataLoader, DenseDataset
+streams = {"x": DenseDataset(os.path.join(sys.argv[1], "x")),
+           "y": DenseDataset(os.path.join(sys.argv[1], "y"))}
+def steps(loader):
+    return [{k: v.tobytes() for k, v in next(loader).items()} for _ in range(4)]
+with DataLoader(streams, batch_size=6, num_workers=0, transform=helpers.augment,
+                seed=8) as threads:
+    want = steps(threads)
+loader = DataLoader(streams, batch_size=6, num_workers=2, worker_mode="process",
+                    start_method="forkserver", transform=helpers.augment, seed=8)
+started_early = real._forkserver_pid is not None
+with loader:
+    same = steps(loader) == want
+print(json.dumps({"method": loader.start_method, "same": same, "started_early": started_early,
+                  "variable_left": "LOADERX_FORKSERVER_PRELOAD" in os.environ}))
+"""
+
+
+@pytest.mark.parametrize("how", ["no server object", "a server object without its fields",
+                                 "no ensure_running"])
+def test_a_forkserver_without_the_private_attributes_starts_workers_unpreloaded(root, how):
+    """The fork server's preload reads multiprocessing's private server object: a Python whose
+    ``multiprocessing.forkserver`` lacks it (or its fields, or ``ensure_running``) gets no
+    preload -- the server is not started as the loader is made -- and forkserver workers that
+    import the transform's module themselves, giving the thread loader's batches."""
+    out = run_child(FORKSERVER_WITHOUT, str(root), how)
+    assert out == {"method": "forkserver", "same": True, "started_early": False,
+                   "variable_left": False}, out
+
+
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_each_start_method_gives_the_same_batches(root, method):
     want = reference(mixed(root), 5, transform=helpers.augment, seed=11)

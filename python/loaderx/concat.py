@@ -21,7 +21,7 @@ parts do: by absolute path, each with its own ``verify_reads``.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,6 @@ from loaderx.dataset import (
 )
 from loaderx.errors import (
     DatasetError,
-    LoaderxError,
     LoaderxTypeError,
     LoaderxValueError,
 )
@@ -68,25 +67,21 @@ def _open_part(part: Any, verify_reads: bool) -> DenseDataset | RaggedDataset:
     return cls(path, verify_reads=verify_reads)
 
 
-def class_names(path: str) -> list[str] | None:
-    """The class names of the labels in the store ``path`` when it is the store of a column of
-    a dataset directory whose manifest names them (``"classes"``); None otherwise."""
-    from loaderx.intake.directory import read_manifest  # it imports this module
-    from loaderx.zrecord import dataset_column
-
-    found = dataset_column(path)
-    if found is None:
-        return None
-    try:
-        manifest = read_manifest(os.path.dirname(os.path.abspath(path)))
-    except (LoaderxError, OSError):
-        return None  # a damaged manifest: opening the dataset says what is wrong
-    store = os.path.basename(os.path.abspath(path))
-    for col in manifest.columns:
-        if col.store == store:
-            names = col.extra.get("classes")
-            return names if isinstance(names, list) else None
+def _no_class_names(path: str) -> list[str] | None:
     return None
+
+
+#: The class names of the labels in the store at a path when it is the store of a column of a
+#: dataset directory whose manifest names them (``"classes"``); None otherwise. Manifests are
+#: read a floor above this one: :mod:`loaderx.intake.directory`, which imports this module,
+#: registers its reader when it is imported (``import loaderx`` imports it).
+_class_names: Callable[[str], list[str] | None] = _no_class_names
+
+
+def register_class_names(find: Callable[[str], list[str] | None]) -> None:
+    """Sets how a part's class names are found (:mod:`loaderx.intake.directory` calls it)."""
+    global _class_names
+    _class_names = find
 
 
 def check_class_maps(maps: Sequence[tuple[str, Any]], what: str = "a concatenation") -> None:
@@ -162,7 +157,7 @@ class ConcatDataset:
                     f"{first.dtype.str}{first.item_shape}; a concatenation needs one schema")
         # The class names of each part (given by open_dataset, which read them already).
         self._classes = list(_classes) if _classes is not None and \
-            len(_classes) == len(self._parts) else [class_names(p.path) for p in self._parts]
+            len(_classes) == len(self._parts) else [_class_names(p.path) for p in self._parts]
         check_class_maps([(p.path, c) for p, c in zip(self._parts, self._classes, strict=True)],
                          "a ConcatDataset")
         self.kind = "dense" if isinstance(first, DenseDataset) else "ragged"

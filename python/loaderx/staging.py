@@ -87,7 +87,7 @@ from loaderx import _native
 from loaderx.errors import DatasetError, LoaderxValueError
 
 __all__ = ["private_dir", "private_file", "publish", "replace", "move_in", "remove_stale",
-           "fsync_dir", "is_mount_point", "STORE_LAST_FILE"]
+           "fsync_dir", "is_mount_point", "same_file", "STORE_LAST_FILE"]
 
 #: Called with each step's name just before the step (crash tests kill the process there).
 _hook: Callable[[str], None] | None = None
@@ -157,7 +157,7 @@ def _try_lock(path: str, directory: bool) -> int | None:
         if not directory and not stat.S_ISREG(os.fstat(fd).st_mode):
             raise BlockingIOError
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if not _same(fd, path):  # renamed away meanwhile: what we locked is not at `path`
+        if not same_file(fd, path):  # renamed away meanwhile: what we locked is not at `path`
             raise BlockingIOError
     except OSError:
         os.close(fd)
@@ -165,7 +165,9 @@ def _try_lock(path: str, directory: bool) -> int | None:
     return fd
 
 
-def _same(fd: int, path: str) -> bool:
+def same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` (not followed) is the file open as ``fd``: a lock taken on ``fd`` is
+    a lock on what ``path`` names only while this holds."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -187,7 +189,7 @@ def _locked_new(make: Callable[[str], int], parent: str, base: str, purpose: str
             continue  # the name was taken (by chance, or by a planted link): another one
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if _same(fd, path):
+            if same_file(fd, path):
                 return path, fd
         except BlockingIOError:
             pass
@@ -222,7 +224,7 @@ def private_dir(target: str | os.PathLike[str], purpose: str, *,
         yield path
     finally:
         try:
-            if _same(fd, path):
+            if same_file(fd, path):
                 _remove(path)
         finally:
             os.close(fd)
@@ -246,7 +248,7 @@ def private_file(target: str | os.PathLike[str], purpose: str) -> Iterator[tuple
         yield path, fd
     finally:
         try:
-            if _same(fd, path):
+            if same_file(fd, path):
                 os.unlink(path)
         finally:
             os.close(fd)

@@ -99,7 +99,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from loaderx import _native, _schema, staging
-from loaderx.concat import ConcatDataset
+from loaderx.concat import ConcatDataset, register_class_names
 from loaderx.converter import AUTO_RAW_BELOW
 from loaderx.dataset import DenseDataset, RaggedDataset
 from loaderx.errors import (
@@ -107,11 +107,19 @@ from loaderx.errors import (
     DatasetError,
     InternalError,
     LimitExceededError,
+    LoaderxError,
     LoaderxTypeError,
     LoaderxValueError,
     StoreClosedError,
 )
-from loaderx.zrecord import MAX_RECORD_BYTES, MAX_RECORDS, Codec, Zrecord
+from loaderx.zrecord import (
+    MAX_RECORD_BYTES,
+    MAX_RECORDS,
+    Codec,
+    Zrecord,
+    chunk_number,
+    dataset_column,
+)
 from loaderx.zrecord import _codec as _store_codec
 
 __all__ = [
@@ -524,6 +532,26 @@ def _decode_one(rec: Any) -> str:
     except UnicodeDecodeError as e:
         raise CorruptStoreError(f"a string record is not valid UTF-8 ({e}); the store was "
                                 "altered after conversion (run `loaderx verify` on it)") from None
+
+
+def _column_class_names(path: str) -> list[str] | None:
+    """The class names of the labels in the store ``path`` when it is the store of a column of
+    a dataset directory whose manifest names them (``"classes"``); None otherwise."""
+    if dataset_column(path) is None:
+        return None
+    try:
+        manifest = read_manifest(os.path.dirname(os.path.abspath(path)))
+    except (LoaderxError, OSError):
+        return None  # a damaged manifest: opening the dataset says what is wrong
+    store = os.path.basename(os.path.abspath(path))
+    for col in manifest.columns:
+        if col.store == store:
+            names = col.extra.get("classes")
+            return names if isinstance(names, list) else None
+    return None
+
+
+register_class_names(_column_class_names)  # ConcatDataset refuses mismatched labels
 
 
 # -- writing -------------------------------------------------------------------------------------
@@ -1011,6 +1039,43 @@ def _store_paths(root: str) -> Iterator[str]:
             yield os.path.join(root, col.store)
     for part in manifest.parts:
         yield from _store_paths(os.path.join(root, *part.path.split("/")))
+
+
+# -- stores joined into one (appending, deleting, assembling parts) -----------------------------
+
+#: What ``link`` fails with where hard links cannot be made (another file system, one that has
+#: none, or a limit on links per file): the records are then copied, or the parts moved in.
+NO_LINKS = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
+
+
+def chunks_of(store: str) -> int:
+    """One past the highest chunk file number in ``store``: at least the chunks it uses."""
+    numbers = [n for n in map(chunk_number, os.listdir(store)) if n is not None]
+    return max(numbers, default=-1) + 1
+
+
+def store_groups(sizes: Iterable[tuple[int, int]], *, max_rows: int,
+                 max_chunks: int) -> list[list[int]]:
+    """Indices of consecutive units, each ``(rows, chunks)``, in groups that fit one store
+    (``max_rows`` records and ``max_chunks`` chunk files: the engine's
+    :data:`~loaderx.zrecord.MAX_RECORDS` and :data:`~loaderx.zrecord.MAX_CHUNKS`, passed by
+    the caller so that its tests can lower them); a unit larger than that is a group alone."""
+    groups: list[list[int]] = [[]]
+    rows = chunks = 0
+    for k, (n, c) in enumerate(sizes):
+        if groups[-1] and (rows + n > max_rows or chunks + c > max_chunks):
+            groups.append([])
+            rows = chunks = 0
+        groups[-1].append(k)
+        rows += n
+        chunks += c
+    return groups
+
+
+def storeless(columns: Iterable[Column]) -> tuple[Column, ...]:
+    """The columns as a directory of parts lists them: each part's manifest names its stores."""
+    return tuple(Column(c.name, "", c.kind, c.dtype, c.item_shape, c.codec, c.extra)
+                 for c in columns)
 
 
 def _prepare(w: _ColumnWriter, data: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -83,7 +83,6 @@ says how it is stored, so they read the same).
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -105,10 +104,12 @@ from loaderx.errors import (
 from loaderx.intake.directory import (
     MANIFEST_FILE,
     MAX_PARTS,
+    NO_LINKS,
     PARTS_DIR,
     Column,
     Manifest,
     Part,
+    chunks_of,
     claim_destination,
     column_stores,
     open_dataset,
@@ -116,9 +117,11 @@ from loaderx.intake.directory import (
     put_in_place,
     read_manifest,
     release_stores,
+    store_groups,
     store_name,
+    storeless,
 )
-from loaderx.zrecord import MAX_CHUNKS, MAX_RECORDS, Codec, Zrecord, chunk_number
+from loaderx.zrecord import MAX_CHUNKS, MAX_RECORDS, Codec, Zrecord
 
 __all__ = ["append_dataset", "delete_rows", "repair_dataset", "append_converted", "Existing"]
 
@@ -130,8 +133,6 @@ _BLOCK_BYTES = 32 << 20
 _FREE_EXTRA = frozenset({"classes", "counts", "arrow_type", "decoded_from", "storage_type"})
 #: Dataset sources whose columns mean something beyond their types (exports, shard indices).
 _OWN_SOURCES = ("image_folder", "webdataset")
-#: What ``link`` fails with where hard links cannot be made: the records are then copied.
-_NO_LINKS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
 
 R = TypeVar("R")
 
@@ -558,17 +559,8 @@ def _publish(held: _Held, units: list[tuple[int, dict[str, str]]], columns: list
     in groups of consecutive units that fit one store (a directory of columns when one group
     holds them all, else a directory of parts), the manifest written last, and the directory
     put in the dataset's place."""
-    dst = held.path
-    groups: list[list[int]] = [[]]
-    g_rows = g_chunks = 0
-    for k, (n, stores) in enumerate(units):
-        chunks = max((_chunks_of(p) for p in stores.values()), default=0)
-        if groups[-1] and (g_rows + n > MAX_RECORDS or g_chunks + chunks > MAX_CHUNKS):
-            groups.append([])
-            g_rows = g_chunks = 0
-        groups[-1].append(k)
-        g_rows += n
-        g_chunks += chunks
+    groups = store_groups(((n, max((chunks_of(p) for p in stores.values()), default=0))
+                           for n, stores in units), max_rows=MAX_RECORDS, max_chunks=MAX_CHUNKS)
     if len(groups) > MAX_PARTS:
         raise LimitExceededError(f"{len(groups)} parts, more than a dataset directory holds "
                                  f"({MAX_PARTS})")
@@ -580,7 +572,7 @@ def _publish(held: _Held, units: list[tuple[int, dict[str, str]]], columns: list
             names.append(store_name(c.name, i, names))
     own = [Column(c.name, name, c.kind, c.dtype, c.item_shape, c.codec, extras[c.name])
            for c, name in zip(columns, names, strict=True)]
-    with staging.private_dir(dst, "growing") as build:
+    with staging.private_dir(held.path, "growing") as build:
         built = 0
 
         def fill(target: str, group: list[int]) -> int:
@@ -603,25 +595,30 @@ def _publish(held: _Held, units: list[tuple[int, dict[str, str]]], columns: list
                 target = os.path.join(build, PARTS_DIR, f"{g:05d}")
                 os.mkdir(target)
                 n = fill(target, group)
-                _native.replace_file(target, MANIFEST_FILE,
-                                     Manifest(n, tuple(own), (), extra).to_bytes())
-                staging.fsync_dir(target)
-                parts.append(Part(f"{PARTS_DIR}/{g:05d}", n))
-            staging.fsync_dir(os.path.join(build, PARTS_DIR))
-            manifest = Manifest(rows, tuple(Column(c.name, "", c.kind, c.dtype, c.item_shape,
-                                                   c.codec, c.extra) for c in own),
-                                tuple(parts), extra)
-        _step("grow:manifest")
-        # The manifest last: with it the directory is complete.
-        _native.replace_file(build, MANIFEST_FILE, manifest.to_bytes())
-        put_in_place(build, dst, held.stores)
+                parts.append(_part_done(target, f"{PARTS_DIR}/{g:05d}",
+                                        Manifest(n, tuple(own), (), extra)))
+            manifest = Manifest(rows, storeless(own), tuple(parts), extra)
+        return _put_built(held, build, manifest, "grow:manifest")
+
+
+def _part_done(target: str, path: str, manifest: Manifest) -> Part:
+    """Completes the part built in ``target``: its manifest written, the directory synced.
+    Returns its entry (``path``: where it lies in the dataset) for the dataset's manifest."""
+    _native.replace_file(target, MANIFEST_FILE, manifest.to_bytes())
+    staging.fsync_dir(target)
+    return Part(path, manifest.rows)
+
+
+def _put_built(held: _Held, build: str, manifest: Manifest, step: str) -> Manifest:
+    """Completes the private directory ``build`` (its parts directory synced, if it has parts)
+    with ``manifest``, written last: with it the directory is complete; then puts it in the
+    place of the dataset ``held``. Returns ``manifest``."""
+    if manifest.parts:
+        staging.fsync_dir(os.path.join(build, PARTS_DIR))
+    _step(step)
+    _native.replace_file(build, MANIFEST_FILE, manifest.to_bytes())
+    put_in_place(build, held.path, held.stores)
     return manifest
-
-
-def _chunks_of(store: str) -> int:
-    """One past the highest chunk file number in ``store``: at least the chunks it uses."""
-    numbers = [n for n in map(chunk_number, os.listdir(store)) if n is not None]
-    return max(numbers, default=-1) + 1
 
 
 def _combine(target: str, members: list[str], col: Column) -> None:
@@ -641,7 +638,7 @@ def _combine(target: str, members: list[str], col: Column) -> None:
                 staging.fsync_dir(target)
                 return
             except OSError as e:
-                if e.errno not in _NO_LINKS:
+                if e.errno not in NO_LINKS:
                     raise
                 shutil.rmtree(target)  # inside the private build: no links here, copy
         os.mkdir(target)
@@ -797,18 +794,9 @@ def _publish_shrunk(held: _Held,
                 fill(target, stores, names)
                 part_cols = tuple(Column(c.name, names[c.name], c.kind, c.dtype, c.item_shape,
                                          mine[c.name].codec, extras[c.name]) for c in own)
-                _native.replace_file(target, MANIFEST_FILE,
-                                     Manifest(n, part_cols, (), um.extra).to_bytes())
-                staging.fsync_dir(target)
-                parts.append(Part(rel, n))
-            staging.fsync_dir(os.path.join(build, PARTS_DIR))
-            manifest = Manifest(rows, tuple(Column(c.name, "", c.kind, c.dtype, c.item_shape,
-                                                   c.codec, c.extra) for c in own),
-                                tuple(parts), extra)
-        _step("shrink:manifest")
-        _native.replace_file(build, MANIFEST_FILE, manifest.to_bytes())
-        put_in_place(build, dst, held.stores)
-    return manifest
+                parts.append(_part_done(target, rel, Manifest(n, part_cols, (), um.extra)))
+            manifest = Manifest(rows, storeless(own), tuple(parts), extra)
+        return _put_built(held, build, manifest, "shrink:manifest")
 
 
 def _shrunk(target: str, store: str, gone: np.ndarray, col: Column, keep_order: bool,

@@ -60,10 +60,12 @@ from loaderx.errors import DatasetError, LimitExceededError, LoaderxValueError, 
 from loaderx.intake.directory import (
     MANIFEST_FILE,
     MAX_PARTS,
+    NO_LINKS,
     PARTS_DIR,
     Column,
     Manifest,
     Part,
+    chunks_of,
     claim_destination,
     manifest_and_bytes,
     part_columns,
@@ -71,6 +73,8 @@ from loaderx.intake.directory import (
     put_in_place,
     read_manifest,
     release_stores,
+    store_groups,
+    storeless,
 )
 from loaderx.zrecord import MAX_CHUNKS, MAX_RECORDS, Codec, Zrecord, chunk_number
 
@@ -198,7 +202,7 @@ def _assemble(dst: str, units: list[_Unit], extra_all: dict[str, Any], join: boo
                 raise LimitExceededError(f"{len(units)} parts (counting the parts of parts) "
                                          f"to keep as they are, at most {MAX_PARTS}; join them "
                                          "(join=True), or write fewer, larger parts")
-            manifest = Manifest(total, _storeless(first.columns),
+            manifest = Manifest(total, storeless(first.columns),
                                 tuple(Part(f"{PARTS_DIR}/{j:05d}", m.rows)
                                       for j, (_, m) in enumerate(units)), extra_all)
             os.mkdir(os.path.join(build, PARTS_DIR))
@@ -300,7 +304,7 @@ def hold_parts(dst: str | os.PathLike[str]) -> Iterator[Callable[[], None]]:
     finally:
         try:
             lock = os.path.join(root, LOCK_FILE)
-            if _same(fd, lock) and os.listdir(root) == [LOCK_FILE]:
+            if staging.same_file(fd, lock) and os.listdir(root) == [LOCK_FILE]:
                 os.unlink(lock)  # still held: whoever opens it now locks another file
                 with contextlib.suppress(OSError):  # a link or a mount point stays
                     os.rmdir(root)
@@ -330,7 +334,7 @@ def _lock_parts(root: str, dst: str) -> int:
                     f"{dst} is being converted by another resumable run ({holder}), which "
                     f"holds {root}; wait for it to end, then run this again: it returns the "
                     "finished row count, or resumes from the parts that run left") from None
-            if _same(fd, lock):
+            if staging.same_file(fd, lock):
                 line = f"process {os.getpid()} on {socket.gethostname()}\n".encode()
                 os.pwrite(fd, line, 0)
                 # Cut to the new line only when an earlier holder's was longer: a truncation
@@ -345,16 +349,6 @@ def _lock_parts(root: str, dst: str) -> int:
         os.close(fd)  # unlinked by a run that finished, between our open and our lock: again
     raise StoreBusyError(f"could not hold {root}: its lock file was replaced 100 times in a "
                          "row (is something removing files there?)")
-
-
-def _same(fd: int, path: str) -> bool:
-    """Whether ``path`` (not followed) is the file open as ``fd``."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    own = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def shares_chunks(part: str) -> bool:
@@ -377,12 +371,6 @@ def shares_chunks(part: str) -> bool:
     return False
 
 
-def _storeless(columns: Sequence[Column]) -> tuple[Column, ...]:
-    """The columns as a directory of parts lists them: each part's manifest names its stores."""
-    return tuple(Column(c.name, "", c.kind, c.dtype, c.item_shape, c.codec, c.extra)
-                 for c in columns)
-
-
 def _joined(build: str, units: list[_Unit], extra: dict[str, Any]) -> Manifest | None:
     """The parts joined into one store per column in ``build`` (groups of consecutive parts
     of at most 2^24 rows each, when they hold more), their chunk files linked, not copied; the
@@ -398,17 +386,9 @@ def _joined(build: str, units: list[_Unit], extra: dict[str, Any]) -> Manifest |
             return None
     # Consecutive parts per group, at most one store's records and chunks (a part brings the
     # chunks its stores' files are numbered up to).
-    groups: list[list[int]] = [[]]
-    rows = chunks = 0
-    for k, (path, m) in enumerate(units):
-        part_chunks = max(_chunks_of(os.path.join(path, c.store))
-                          for c in m.columns) if m.columns else 0
-        if groups[-1] and (rows + m.rows > MAX_RECORDS or chunks + part_chunks > MAX_CHUNKS):
-            groups.append([])
-            rows = chunks = 0
-        groups[-1].append(k)
-        rows += m.rows
-        chunks += part_chunks
+    groups = store_groups(((m.rows, max((chunks_of(os.path.join(path, c.store))
+                                         for c in m.columns), default=0))
+                           for path, m in units), max_rows=MAX_RECORDS, max_chunks=MAX_CHUNKS)
     total = sum(m.rows for _, m in units)
     try:
         if len(groups) == 1:
@@ -425,27 +405,16 @@ def _joined(build: str, units: list[_Unit], extra: dict[str, Any]) -> Manifest |
                                  Manifest(group_rows, first.columns, (), extra).to_bytes())
             parts.append(Part(f"{PARTS_DIR}/{g:05d}", group_rows))
         staging.fsync_dir(os.path.join(build, PARTS_DIR))
-        return Manifest(total, _storeless(first.columns), tuple(parts), extra)
+        return Manifest(total, storeless(first.columns), tuple(parts), extra)
     except OSError as e:
-        if e.errno not in _NO_LINKS:
+        # No links: the parts are copied near (EXDEV) and joined, or moved in unjoined.
+        if e.errno not in NO_LINKS:
             raise
         for name in os.listdir(build):
             shutil.rmtree(os.path.join(build, name))
         if e.errno == errno.EXDEV:
             raise _OtherFileSystem from e
         return None
-
-
-def _chunks_of(store: str) -> int:
-    """One past the highest chunk file number in ``store``: at least the chunks it uses."""
-    numbers = [n for n in map(chunk_number, os.listdir(store)) if n is not None]
-    return max(numbers, default=-1) + 1
-
-
-#: What ``link`` fails with where hard links cannot be made (another file system, one that has
-#: none, or a limit on links per file): the parts are then copied near (EXDEV) and joined, or
-#: moved in unjoined.
-_NO_LINKS = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
 
 
 def _join_group(target: str, units: list[_Unit], group: list[int],

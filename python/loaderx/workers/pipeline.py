@@ -618,23 +618,34 @@ def _preload_forkserver(context: Any, transform: Any) -> None:
     so what that imports: torch, torchvision, a tokenizer) imported once, so that each worker
     forked from it starts with them and shares their pages with the server, instead of
     importing them again, each, in parallel (see :mod:`loaderx.workers.server_preload`) --
-    unless the server already runs, or the application chose its own preload list."""
-    try:
-        from multiprocessing import forkserver
+    unless the server already runs, or the application chose its own preload list.
 
-        server: Any = forkserver._forkserver  # private, but in every 3.x
-        if server._forkserver_pid is not None or server._preload_modules != ["__main__"]:
-            return
-    except AttributeError:
+    Whether either holds is read from multiprocessing's private server object (in every 3.x
+    so far). A Python whose ``multiprocessing.forkserver`` lacks any of it gets no preload:
+    the server starts at the first worker, as multiprocessing starts it, and each worker
+    imports what it needs itself."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    running = getattr(server, "_forkserver_pid", _ABSENT)
+    preload = getattr(server, "_preload_modules", _ABSENT)
+    ensure_running = getattr(forkserver, "ensure_running", None)
+    if running is _ABSENT or preload is _ABSENT or not callable(ensure_running):
+        return  # another forkserver than the one this was written against: no preload
+    if running is not None or preload != ["__main__"]:
         return
     context.set_forkserver_preload(["__main__", "numpy", "loaderx",
                                     "loaderx.workers.server_preload"])
     os.environ[server_preload.PRELOAD_VARIABLE] = server_preload.describe(
         _modules_of(transform))
     try:
-        forkserver.ensure_running()  # the server reads the variable as it starts
+        ensure_running()  # the server reads the variable as it starts
     finally:
         os.environ.pop(server_preload.PRELOAD_VARIABLE, None)
+
+
+#: What :func:`_preload_forkserver` reads of a private attribute that is not there.
+_ABSENT = object()
 
 
 def _modules_of(transform: Any) -> list[str]:
