@@ -59,6 +59,7 @@ from loaderx.intake._image_folder import Folder, FolderReport, ImageDir, read_im
 from loaderx.intake._shard_names import shard_paths
 from loaderx.intake._shard_reader import Sample, ShardReport, read_shard
 from loaderx.intake.directory import DirectoryWriter, RaggedBatch, open_dataset, read_manifest
+from loaderx.intake.growing import image_folder_onto, webdataset_onto
 from loaderx.zrecord import Codec
 
 __all__ = ["SkippedFilesWarning", "export_image_folder", "export_webdataset",
@@ -122,10 +123,12 @@ def from_image_folder(
     added, ``new_classes``: the classes added); a ``dst`` that holds nothing is converted
     into as without it."""
     if append:
-        from loaderx.intake.growing import image_folder_onto
+        def folder_into(path: str, **given: Any) -> dict[str, Any]:
+            return from_image_folder(path, root, strict=strict, workers=workers,
+                                     progress=progress, **given)
 
-        return image_folder_onto(dst, root, codec=codec, overwrite=overwrite, strict=strict,
-                                 workers=workers, progress=progress, checksums=checksums)
+        return image_folder_onto(dst, root, folder_into, codec=codec, overwrite=overwrite,
+                                 checksums=checksums)
     root = os.fspath(root)
     n_workers = _workers(workers)
     inside = os.path.realpath(os.fspath(dst))
@@ -383,8 +386,6 @@ def from_webdataset(
     ``__shard__`` numbers continue; see :mod:`loaderx.intake.growing`); the report's ``rows``
     is then the dataset's, ``appended`` the rows added."""
     if append:
-        from loaderx.intake.growing import webdataset_onto
-
         def into(path: str, **given: Any) -> dict[str, Any]:
             return from_webdataset(path, shards, extensions=extensions, missing=missing,
                                    label=label, workers=workers, progress=progress, **given)

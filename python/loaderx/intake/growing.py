@@ -887,31 +887,28 @@ def repair_dataset(dst: str | os.PathLike[str]) -> dict[str, int]:
 # -- the converters' append=True ----------------------------------------------------------------
 
 
-def image_folder_onto(dst: str | os.PathLike[str], root: str | os.PathLike[str], *,
-                      codec: Any, overwrite: bool, strict: bool, workers: int | None,
-                      progress: bool | None, checksums: bool) -> dict[str, Any]:
-    """``from_image_folder(dst, root, append=True)``: the folder converted privately, then
-    appended to the dataset at ``dst`` (its classes matched by name). The report's ``rows``,
-    ``classes``, ``counts`` and ``empty_classes`` are the dataset's after the append;
-    ``appended`` the rows added and ``new_classes`` the classes the dataset did not have."""
-    from loaderx.intake.files import from_image_folder
-
+def image_folder_onto(dst: str | os.PathLike[str], root: str | os.PathLike[str],
+                      convert_into: Callable[..., dict[str, Any]], *, codec: Any,
+                      overwrite: bool, checksums: bool) -> dict[str, Any]:
+    """``from_image_folder(dst, root, append=True)``: ``convert_into(path, codec=...,
+    checksums=...)`` converts the folder privately, then it is appended to the dataset at
+    ``dst`` (its classes matched by name). The report's ``rows``, ``classes``, ``counts`` and
+    ``empty_classes`` are the dataset's after the append; ``appended`` the rows added and
+    ``new_classes`` the classes the dataset did not have."""
     refuse_overwrite_and_codec(overwrite, codec, "raw")
     before: list[str] = []
 
     def convert(path: str, existing: Existing | None) -> dict[str, Any]:
         if existing is None:
-            return from_image_folder(path, root, codec=codec, strict=strict, workers=workers,
-                                     progress=progress, checksums=checksums)
+            return convert_into(path, codec=codec, checksums=checksums)
         existing.require_source("image_folder", "from_image_folder")
         existing.require_columns([("image", "ragged", np.uint8, ()),
                                   ("label", "dense", np.int64, ()),
                                   ("path", "ragged", np.uint8, ())],
                                  f"the image folder {os.fspath(root)}")
         before.extend(_classes(existing.manifest.column("label"), existing.path))
-        return from_image_folder(path, root, codec=existing.codecs()["image"], strict=strict,
-                                 workers=workers, progress=progress,
-                                 checksums=checksums or existing.checksums)
+        return convert_into(path, codec=existing.codecs()["image"],
+                            checksums=checksums or existing.checksums)
 
     report, manifest = append_converted(dst, convert, f"the image folder {os.fspath(root)}")
     label = manifest.column("label").extra
