@@ -266,7 +266,7 @@ def throughput(root: pathlib.Path, docs: list[np.ndarray], repeats: int) -> None
 
 
 def plan_cost(repeats: int) -> None:
-    from loaderx._pack_plan import ConcatPlan, FirstFitPlan
+    from loaderx._views.pack_plan import ConcatPlan, FirstFitPlan
 
     n, seq = 10_000_000, 2048
     lengths = np.minimum(np.random.default_rng(0).lognormal(np.log(500), 1.0, n),

@@ -108,8 +108,8 @@ ROWS = [
 
 def recording_cost(root: pathlib.Path, loops: int) -> list[tuple[str, float]]:
     """Nanoseconds per batch of the recording alone."""
-    from loaderx._batch import Builder, EndlessRows, Job
-    from loaderx._stats import Collector
+    from loaderx._loader.batch import Builder, EndlessRows, Job
+    from loaderx._loader.stats import Collector
     from loaderx.dataloader import _identity, _PooledMemory
     from loaderx.sampler import Mode, Sampler
 

@@ -193,7 +193,7 @@ def test_cli_pack_and_unpack(tmp_path):
 def test_a_file_of_many_data_regions_round_trips(tmp_path):
     """Several data regions and holes, a trailing hole: tarfile reads back the same bytes and
     the same holes (checked against the file itself, not against our own reader)."""
-    from loaderx.archive import _add_file
+    from loaderx._archives.archive import _add_file
 
     path = tmp_path / "holes.bin"
     with open(path, "wb") as f:

@@ -416,7 +416,7 @@ def test_an_append_keeps_the_schema_extra_keys(tmp_path):
 def test_an_append_whose_schema_rewrite_fails_is_undone(tmp_path, monkeypatch, how):
     """The schema rewrite is the last step of an append: when it fails, the appended records
     go too, so a retry does not add them twice."""
-    from loaderx import _schema
+    from loaderx._store import schema as _schema
 
     first = np.arange(10, dtype=np.int64).reshape(5, 2)
     more = -first

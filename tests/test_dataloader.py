@@ -445,7 +445,7 @@ def test_buffers_are_recycled_but_never_while_visible(streams):
         pools = loader._pipe.pools
         # 299 batches were handed out, a few buffers served them all. Free-threaded builds
         # release a batch dropped by the consumer only once the worker that made it runs
-        # Python again (biased reference counting; see loaderx._recycle), so a buffer looks
+        # Python again (biased reference counting; see loaderx._views.recycle), so a buffer looks
         # busy a little longer there: within what the pool follows (2 * keep), still.
         bound = loader._pipe.window + 4
         if sysconfig.get_config_var("Py_GIL_DISABLED"):
@@ -608,7 +608,7 @@ def test_in_process_mode_gives_the_batches_of_any_worker_count(streams, mode):
     batches (also after seek and across a checkpoint) are those of four workers."""
     def running() -> int:
         # (Not the short-lived helper a free-threaded build makes a new pool buffer on, which
-        # the 4 workers may be doing now: see loaderx._recycle.)
+        # the 4 workers may be doing now: see loaderx._views.recycle.)
         return sum(t.name != "loaderx-buffer" for t in threading.enumerate())
 
     threads = running()

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from loaderx import _recycle
+from loaderx._views import recycle as _recycle
 from loaderx.workers.start import default_workers, gil_enabled, usable_cores
 
 pytestmark = pytest.mark.skipif(not sysconfig.get_config_var("Py_GIL_DISABLED"),
@@ -85,7 +85,7 @@ def test_thread_workers_default_to_one_per_core():
 
 def test_a_pool_buffer_owner_has_merged_reference_counts():
     """The pool reads its buffers' reference counts from any thread: on a free-threaded build
-    the owner's counts are merged (no owning thread, one shared count: see loaderx._recycle).
+    the owner's counts are merged (no owning thread, one shared count: see loaderx._views.recycle).
     PyObject's free-threaded header: ob_tid at 0, ob_ref_local at 12, ob_ref_shared at 16."""
     buffer = _recycle._Buffer(1 << 16)
     address = id(buffer.owner)

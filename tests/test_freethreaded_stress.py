@@ -48,7 +48,7 @@ from loaderx import (
     from_numpy,
     pack,
 )
-from loaderx._window import Window
+from loaderx._loader.window import Window
 from loaderx.errors import LoaderClosedError, StoreBusyError
 from loaderx.prefetch import Prefetcher
 from loaderx.zrecord import Zrecord

@@ -20,7 +20,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from loaderx import _schema
+from loaderx._store import schema as _schema
 from loaderx.converter import from_iterator, from_numpy
 from loaderx.dataset import DenseDataset
 from loaderx.errors import CorruptStoreError, DatasetError

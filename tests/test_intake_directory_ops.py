@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 import tarcraft as tc
-from loaderx import Zrecord, _schema, decode_strings, from_arrow, open_dataset
+from loaderx import Zrecord, decode_strings, from_arrow, open_dataset
+from loaderx._store import schema as _schema
 from loaderx.archive import pack, unpack
 from loaderx.copying import copy
 from loaderx.errors import CorruptStoreError, DatasetError, StoreChangedError
@@ -413,7 +414,8 @@ def test_copy_refuses_a_store_another_process_writes(tmp_path: pathlib.Path) -> 
 
 KILLED = textwrap.dedent("""
     import os, signal, sys
-    from loaderx import archive, copying, staging
+    from loaderx import staging
+    from loaderx._archives import archive, copying  # where the patched names are looked up
     what, src, dst, kill_at = sys.argv[1:5]
     calls = [0]
 
@@ -726,7 +728,7 @@ def test_folder_tables_listing_more_files_than_an_archive_holds_are_refused(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every folder's table is kept until the end of unpack: together they are bounded (here
     at 5 files) by what an archive may hold, so small folders cannot claim unbounded memory."""
-    import loaderx.archive as archive
+    import loaderx._archives.archive as archive  # where _MAX_LISTED is looked up
 
     src = tmp_path / "src"
     from_arrow(src, table())

@@ -26,7 +26,7 @@ from loaderx import from_numpy
 #: multiprocessing does).
 OLD_RLOCK = """
 import threading
-from loaderx import _window
+from loaderx._loader import window as _window
 class OldRLock(threading._PyRLock):
     def __getattribute__(self, name):
         if name == "_recursion_count":

@@ -27,7 +27,7 @@ from loaderx import (
     mix,
     pack,
 )
-from loaderx._mix_plan import (
+from loaderx._views.mix_plan import (
     MIX_LENGTH,
     MixPlan,
     Table,

@@ -1,6 +1,7 @@
-"""The package's shape: every public name of today stays importable from where it is today, and
-no module imports another that imports it back, directly or through others (lazy imports inside
-functions included), so the package reads as floors, each using only those below it."""
+"""The package's shape: every public name of today stays importable from where it is today; no
+module imports another that imports it back, directly or through others; and the package reads
+as floors, each module importing only from its own floor or below (lazy imports inside
+functions included in both)."""
 
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ def test_public_names_stay_importable(module: str) -> None:
 
 def _module_names() -> dict[str, pathlib.Path]:
     names = {}
-    for path in PACKAGE.rglob("*.py"):
+    for path in [*PACKAGE.rglob("*.py"), PACKAGE / "_native.pyi"]:  # the compiled one: its stub
         parts = ("loaderx", *path.relative_to(PACKAGE).with_suffix("").parts)
         names[".".join(parts).removesuffix(".__init__")] = path
     return names
@@ -161,3 +162,58 @@ def test_no_import_cycle() -> None:
         if node not in state:
             walk(node, [node])
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+#: Each module's floor, lowest first. A key names a module, or a sub-package and so every module
+#: in it (the longest key that names the module or a package it is in wins; ``loaderx`` itself
+#: is only the package's face). A public module that is a face of a private one stands on that
+#: one's floor.
+FLOORS = {
+    # 0. the leaves: the exception tree, the compiled binding
+    "loaderx.errors": 0, "loaderx._native": 0,
+    # 1. the store's files beside the engine's (publishing, schema.msgpack, sparse copies), and
+    #    tar reading, which uses nothing else
+    "loaderx._store": 1, "loaderx.staging": 1, "loaderx._schema": 1, "loaderx._sparse": 1,
+    "loaderx._archives.stream": 1, "loaderx._archives.tar_reader": 1,
+    # 2. the engine's handle and the sampler
+    "loaderx._convert": 2, "loaderx.zrecord": 2, "loaderx.sampler": 2,
+    # 3. writing a store
+    "loaderx.converter": 3, "loaderx._appends_behind": 3,
+    # 4. datasets as views, and the views built on them
+    "loaderx._views": 4, "loaderx.dataset": 4, "loaderx.subset": 4, "loaderx.concat": 4,
+    "loaderx.source": 4, "loaderx.packing": 4, "loaderx.mixture": 4,
+    # 5. bringing data in: tables, images, shards, dataset directories
+    "loaderx.intake": 5,
+    # 6. whole datasets as files: copies, verification, archives
+    "loaderx._archives": 6, "loaderx.copying": 6, "loaderx.verifying": 6, "loaderx.archive": 6,
+    # 7. the loader's parts; 8. its worker processes; 9. the loader
+    "loaderx._loader": 7, "loaderx.context": 7, "loaderx.prefetch": 7,
+    "loaderx.workers": 8,
+    "loaderx.dataloader": 9,
+    # 10. on top of the loader: frameworks, multi-host shards, profiling a pipeline
+    "loaderx.frameworks": 10, "loaderx.sharding": 10, "loaderx.profiling": 10,
+    # 11. the package's face and the command line
+    "loaderx": 11, "loaderx.cli": 11, "loaderx.__main__": 11,
+}
+
+
+def _floor(name: str) -> int | None:
+    parts = name.split(".")
+    for end in range(len(parts), 1, -1):
+        if (key := ".".join(parts[:end])) in FLOORS:
+            return FLOORS[key]
+    return FLOORS["loaderx"] if name == "loaderx" else None
+
+
+def test_every_module_has_a_floor() -> None:
+    missing = sorted(n for n in _module_names() if _floor(n) is None)
+    assert not missing, f"give these modules a floor in FLOORS: {missing}"
+
+
+def test_no_upward_import() -> None:
+    """Every import, faces' included, goes to the importer's floor or below."""
+    names = _module_names()
+    upward = [f"{n} (floor {_floor(n)}) imports {t} (floor {_floor(t)})"
+              for n, p in sorted(names.items()) for t in sorted(_imports(n, p, names))
+              if (_floor(n) or 0) < (_floor(t) or 0)]
+    assert not upward, "upward imports:\n" + "\n".join(upward)

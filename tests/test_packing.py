@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import loaderx
 from loaderx import ConcatDataset, DataLoader, RaggedDataset, from_iterator, from_numpy, pack
-from loaderx._pack_plan import ConcatPlan, FirstFitPlan
+from loaderx._views.pack_plan import ConcatPlan, FirstFitPlan
 from loaderx.dataset import DenseDataset
 from loaderx.errors import (
     DatasetError,

@@ -183,7 +183,7 @@ def test_concat_refuses_a_document_whose_positions_pass_int32(tmp_path, monkeypa
     (its end token counted) would wrap the int32 positions, so it is refused at pack()."""
     _four_short_documents(tmp_path)
     docs = RaggedDataset(tmp_path / "docs")
-    import loaderx.packing as packing
+    import loaderx._views.packing as packing  # where _record_lengths is looked up
 
     monkeypatch.setattr(packing, "_record_lengths",
                         lambda layout, size: np.array([3, 2**31], np.uint32))

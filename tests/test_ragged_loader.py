@@ -582,7 +582,7 @@ def test_a_subset_of_a_stream_with_companions_keeps_them(store):
 
 
 def test_the_growing_pool_settles_and_never_hands_out_what_is_seen():
-    from loaderx._recycle import GrowingPool
+    from loaderx._views.recycle import GrowingPool
 
     pool = GrowingPool(keep=3)
     held = [pool.take(n) for n in (100, 5000, 20000)]  # growing requests, growing buffers

@@ -29,7 +29,7 @@ from loaderx import (
     pack,
     profiling,
 )
-from loaderx._stats import LoaderStats, _buckets_of, _Hist
+from loaderx._loader.stats import LoaderStats, _buckets_of, _Hist
 
 N = 2000
 

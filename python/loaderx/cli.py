@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from loaderx import _schema
+from loaderx._store import schema as _schema
 from loaderx.errors import (
     CorruptStoreError,
     InternalError,
@@ -423,8 +423,8 @@ def _info_dataset_directory(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from loaderx._archives.verifying import verify_store
     from loaderx.intake.directory import is_dataset_directory
-    from loaderx.verifying import verify_store
 
     if args.max_listed < 0:
         raise _UsageError("--max-listed must be 0 or more")
@@ -466,7 +466,7 @@ def _verify_dataset_directory(args: argparse.Namespace) -> int:
     --max-listed in all) and problems below it -- in a directory of parts under the part and
     store they are in -- then a summary. Exit 3 when the directory cannot be used as it is (a
     store missing, unopenable, or not as the manifest says), else 1 when records are damaged."""
-    from loaderx.verifying import verify_dataset
+    from loaderx._archives.verifying import verify_dataset
 
     report = verify_dataset(args.store, max_listed=args.max_listed)
     status = (EXIT_CORRUPT if report["problem_count"] else
@@ -531,7 +531,7 @@ def _print_faults(store: dict[str, Any], indent: str) -> int:
 
 
 def cmd_copy(args: argparse.Namespace) -> int:
-    from loaderx.copying import copy
+    from loaderx._archives.copying import copy
 
     _source(args.src)
     r = copy(args.src, args.dst, overwrite=args.overwrite)
@@ -567,7 +567,7 @@ def _verified(report: dict[str, Any]) -> str:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from loaderx.archive import pack
+    from loaderx._archives.archive import pack
 
     if args.command == "pack":
         print("loaderx: 'loaderx pack' is the old name of 'loaderx archive' (a tar archive of a "
@@ -585,7 +585,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 
 def cmd_unpack(args: argparse.Namespace) -> int:
-    from loaderx.archive import unpack
+    from loaderx._archives.archive import unpack
 
     r = unpack(args.archive, args.dst, overwrite=args.overwrite)
     print(f"{args.dst}: {_holds(r)}, {r['bytes_written']} bytes written (holes "

@@ -117,7 +117,7 @@ of the workers read 0.75x of fio's rate on the same file, against 0.86x without
 own ``pread`` s on the device and, on 2 cores, for the CPU). Pass ``readahead=N`` to set it.
 
 Memory: the arrays of a batch come from a pool of buffers that are reused once the consumer
-has dropped every reference to them (see ``loaderx._recycle``); steady state allocates nothing
+has dropped every reference to them (see ``loaderx._views.recycle``); steady state allocates nothing
 and touches no fresh pages. Keeping a batch (or a view of it) simply keeps its buffer out of
 the pool. A ragged stream's batch is read the same way: the records' lengths from the record
 table (one call), then one native gather of them all, back to back, into one buffer leased
@@ -141,12 +141,13 @@ from typing import Any
 
 import numpy as np
 
-from loaderx._batch import Builder, ContextMaker, EndlessRows, Failure, Job, PassRows
-from loaderx._recycle import BufferPool, GrowingPool
-from loaderx._stats import Clock, Collector, LoaderStats, stats_default
-from loaderx._window import RECHECK_SECONDS, Window, same_process
+from loaderx._loader.batch import Builder, ContextMaker, EndlessRows, Failure, Job, PassRows
+from loaderx._loader.stats import Clock, Collector, LoaderStats, stats_default
+from loaderx._loader.window import RECHECK_SECONDS, Window, same_process
+from loaderx._views.mixture import ordered_streams
+from loaderx._views.recycle import BufferPool, GrowingPool
+from loaderx._views.source import DenseSource, RaggedSource, is_dense_source, is_ragged_source
 from loaderx.errors import LoaderClosedError, LoaderxTypeError, LoaderxValueError
-from loaderx.mixture import ordered_streams
 from loaderx.sampler import (
     _MAX_BATCH,
     Mode,
@@ -157,7 +158,6 @@ from loaderx.sampler import (
     _u64,
     normalize_seed,
 )
-from loaderx.source import DenseSource, RaggedSource, is_dense_source, is_ragged_source
 from loaderx.workers import ProcessPipeline, default_workers
 from loaderx.workers.start import METHODS
 
@@ -239,7 +239,7 @@ class DataLoader:
     * ``start_method`` -- how worker processes start: None or ``"auto"`` (forkserver when the
       streams and the transform pickle, else fork), ``"fork"``, ``"forkserver"``, ``"spawn"``.
     * ``stats`` -- record where the time goes, for :meth:`stats` (default on: a few clock
-      reads per batch; ``LOADERX_STATS=0`` turns the default off; see :mod:`loaderx._stats`).
+      reads per batch; ``LOADERX_STATS=0`` turns the default off; see :mod:`loaderx._loader.stats`).
 
     ``transform`` (the collate step) takes the batch dict and returns what ``next()`` yields;
     it runs on the prefetch threads. An exception it raises reaches the consumer at that step
@@ -779,7 +779,7 @@ def _shard_rows(batch_size: int, index: Any, count: Any) -> tuple[int, int, int]
 
 class _PooledMemory:
     """A prefetch thread's batch memory: each stream's arrays from its pool of recycled
-    buffers (see :mod:`loaderx._recycle`), a fixed-size one per dense stream, a growing one
+    buffers (see :mod:`loaderx._views.recycle`), a fixed-size one per dense stream, a growing one
     per ragged stream."""
 
     def __init__(self, builder: Builder, rows: int, keep: int) -> None:

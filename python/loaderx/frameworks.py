@@ -48,9 +48,9 @@ from typing import Any
 
 import numpy as np
 
-from loaderx.dataset import pad
+from loaderx._loader.prefetch import Prefetcher
+from loaderx._views.dataset import pad
 from loaderx.errors import LoaderxValueError
-from loaderx.prefetch import Prefetcher
 
 __all__ = ["Zip", "pad_collate", "prefetch_to_device", "prefetch_to_torch", "to_torch",
            "torch_batches"]

@@ -265,8 +265,8 @@ def load_transform(spec: str) -> Callable[..., Any]:
 def open_streams(data: Any) -> tuple[dict[str, Any], list[Any]]:
     """The streams of ``data`` -- a dataset directory, a store, a list of stores, or a dict of
     streams -- and those of them opened here (to close)."""
-    from loaderx._schema import read
-    from loaderx.dataset import DenseDataset, RaggedDataset
+    from loaderx._store.schema import read
+    from loaderx._views.dataset import DenseDataset, RaggedDataset
     from loaderx.intake.directory import is_dataset_directory, open_dataset
 
     if isinstance(data, Mapping):
@@ -314,7 +314,7 @@ def _worker_counts(cores: int) -> list[int]:
 
 def _gather_ceiling(streams: dict[str, Any], batch_size: int, seconds: float) -> float:
     """Batches per second of the store gathers alone, on this thread (no loader)."""
-    from loaderx._batch import Builder, EndlessRows, Job
+    from loaderx._loader.batch import Builder, EndlessRows, Job
     from loaderx.dataloader import _identity, _PooledMemory
     from loaderx.sampler import Mode, Sampler
 
@@ -353,7 +353,7 @@ def _transform_ceiling(streams: dict[str, Any], batch_size: int, transform: Call
                        name: str, seconds: float) -> float:
     """Batches per second of the transform alone on this thread, over a few batches gathered
     beforehand; :class:`ProfileError` when it raises."""
-    from loaderx._batch import ContextMaker
+    from loaderx._loader.batch import ContextMaker
     from loaderx.dataloader import DataLoader, _wants_ctx
 
     wants_ctx = _wants_ctx(transform)
@@ -453,7 +453,7 @@ def profile(data: Any, batch_size: int = 256, transform: Callable[..., Any] | st
     A transform that cannot be imported or that raises is a :class:`ProfileError` before any
     loader runs (the transform runs alone first); a run that fails (a transform that fails
     only sometimes, worker processes that cannot start) is reported in its row."""
-    from loaderx.workers.start import usable_cores
+    from loaderx._loader.host import usable_cores
 
     began = time.perf_counter()
     if plot is not None:

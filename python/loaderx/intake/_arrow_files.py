@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from loaderx import _schema
+from loaderx._store import schema as _schema
 from loaderx.errors import CorruptStoreError, DatasetError, LimitExceededError
 from loaderx.zrecord import MAX_RECORDS
 

@@ -1,7 +1,7 @@
 """The samples of one WebDataset tar shard, read strictly and bounded.
 
 A shard is a tar file from elsewhere, so it is read with loaderx's own strict tar reader
-(:mod:`loaderx._tar_reader` over :mod:`loaderx._archive_stream`, written for ``loaderx
+(:mod:`loaderx._archives.tar_reader` over :mod:`loaderx._archives.stream`, written for ``loaderx
 unpack``): every header's checksum, the end-of-archive blocks, a cut or lying archive, and a
 compressed shard's own check (gzip's CRC-32 and length, xz's check, bzip2's CRC, read to the
 end of the file) are all verified, pax headers and long names are bounded, and each member's
@@ -29,8 +29,8 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from loaderx._archive_stream import ArchiveStream
-from loaderx._tar_reader import Limits, Member, TarReader
+from loaderx._archives.stream import ArchiveStream
+from loaderx._archives.tar_reader import Limits, Member, TarReader
 from loaderx.errors import CorruptStoreError, DatasetError, LimitExceededError
 from loaderx.zrecord import MAX_RECORD_BYTES
 

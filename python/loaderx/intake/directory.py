@@ -98,10 +98,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from loaderx import _native, _schema, staging
-from loaderx.concat import ConcatDataset, register_class_names
+from loaderx import _native
+from loaderx._store import schema as _schema
+from loaderx._store import staging
+from loaderx._views.concat import ConcatDataset, register_class_names
+from loaderx._views.dataset import DenseDataset, RaggedDataset
 from loaderx.converter import AUTO_RAW_BELOW
-from loaderx.dataset import DenseDataset, RaggedDataset
 from loaderx.errors import (
     CorruptStoreError,
     DatasetError,

@@ -52,7 +52,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loaderx import staging
+from loaderx._store import staging
 from loaderx.converter import _progress
 from loaderx.errors import CorruptStoreError, DatasetError, LoaderxTypeError, LoaderxValueError
 from loaderx.intake._image_folder import Folder, FolderReport, ImageDir, read_image

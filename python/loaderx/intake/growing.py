@@ -91,8 +91,10 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from loaderx import _native, _schema, staging
-from loaderx._sparse import copy_files
+from loaderx import _native
+from loaderx._store import schema as _schema
+from loaderx._store import staging
+from loaderx._store.sparse import copy_files
 from loaderx.errors import (
     CorruptStoreError,
     DatasetError,

@@ -53,9 +53,11 @@ import stat
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
-from loaderx import _native, _schema, staging
-from loaderx._sparse import copy_files
-from loaderx.concat import check_class_maps
+from loaderx import _native
+from loaderx._store import schema as _schema
+from loaderx._store import staging
+from loaderx._store.sparse import copy_files
+from loaderx._views.concat import check_class_maps
 from loaderx.errors import DatasetError, LimitExceededError, LoaderxValueError, StoreBusyError
 from loaderx.intake.directory import (
     MANIFEST_FILE,
@@ -248,7 +250,7 @@ def _move_or_copy(path: str, manifest: Manifest, target: str) -> bool:
 def _copy_part(path: str, manifest: Manifest, target: str) -> str:
     """Copies the part ``path`` (a dataset directory of stores, whose manifest is ``manifest``)
     into the new directory ``target``: every store's files with their holes kept
-    (:func:`loaderx._sparse.copy_files`), each synced, then the manifest as it was read.
+    (:func:`loaderx._store.sparse.copy_files`), each synced, then the manifest as it was read.
     Returns ``target``."""
     os.mkdir(target)
     for col in manifest.columns:

@@ -127,7 +127,8 @@ def _check_corpus_end_token(path: str | os.PathLike[str], eos: int,
     end token, kept in its schema as ``end_token``."""
     if options.get("overwrite") or options.get("append") is False:
         return  # a new corpus, or an append refused by from_iterator
-    from loaderx import _schema, staging
+    from loaderx._store import schema as _schema
+    from loaderx._store import staging
 
     path = os.fspath(path)
     staging.remove_stale(path)  # as the append would: a replacement a kill cut short, finished

@@ -12,7 +12,7 @@ its input for a later step (mixup against the previous batch, a memory bank, a c
 last batch), and such a segment is *held* until that view is gone -- as the thread loader's
 buffers, by the reference count of the array that owns the mapping (every view's ``base``).
 Sizes grow as
-:class:`loaderx._recycle.GrowingPool`'s do: a quarter more than asked for and never less than
+:class:`loaderx._views.recycle.GrowingPool`'s do: a quarter more than asked for and never less than
 the largest made so far, so that after a few batches every batch fits a free segment; at most
 ``keep`` free segments are kept, smaller ones are retired first.
 """
@@ -197,8 +197,8 @@ class Arena:
 
 
 class BatchMemory:
-    """The :class:`loaderx._batch.Memory` of one batch in a worker: every stream's part of the
-    batch at an aligned offset of one segment. The dense arrays it makes are ``known``: by
+    """The :class:`loaderx._loader.batch.Memory` of one batch in a worker: every stream's part of
+    the batch at an aligned offset of one segment. The dense arrays it makes are ``known``: by
     ``id``, the array and where it lies (a :meth:`loaderx.workers.layout.Ref.fields` tuple),
     so that a transform that returns them as they are costs no look at their addresses."""
 

@@ -12,7 +12,7 @@ thread loader would hand over as it is comes back alike: a read-only array stays
 is one object on the consumer's side too (the walks keep a memo of the containers they made).
 
 The consumer rebuilds each array over a lease that keeps the batch's :class:`Loan` alive, as
-:mod:`loaderx._recycle` does for the thread loader: every view keeps its lease, so the loan
+:mod:`loaderx._views.recycle` does for the thread loader: every view keeps its lease, so the loan
 ends -- and the segments return to the worker -- only when no array of the batch can be seen
 any more.
 """

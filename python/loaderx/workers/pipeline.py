@@ -47,9 +47,9 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from loaderx._batch import Failure
-from loaderx._stats import Collector, Recorder
-from loaderx._window import Window
+from loaderx._loader.batch import Failure
+from loaderx._loader.stats import Collector, Recorder
+from loaderx._loader.window import Window
 from loaderx.errors import LoaderClosedError, RemoteTraceback, WorkerError
 from loaderx.workers import channel, server_preload, start, worker
 from loaderx.workers.layout import Loan, Maps, decode, decode_flat

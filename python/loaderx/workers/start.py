@@ -26,28 +26,13 @@ import sys
 import threading
 from typing import Any
 
+from loaderx._loader.host import gil_enabled, usable_cores
 from loaderx.errors import LoaderxTypeError, LoaderxValueError
 
 __all__ = ["METHODS", "choose", "default_workers", "gil_enabled", "likely_forkserver",
            "usable_cores"]
 
 METHODS = ("fork", "forkserver", "spawn")
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-def gil_enabled() -> bool:
-    """Whether this interpreter runs Python code one thread at a time: always on a GIL build;
-    on a free-threaded one (3.13t, 3.14t) only once something turned the GIL on (``PYTHON_GIL=1``,
-    or an extension module that does not declare itself free-threading safe)."""
-    is_enabled = getattr(sys, "_is_gil_enabled", None)
-    return True if is_enabled is None else bool(is_enabled())
 
 
 def default_workers(mode: str) -> int:

@@ -32,9 +32,9 @@ import time
 import traceback
 from typing import Any
 
-from loaderx import context
-from loaderx._batch import Builder
-from loaderx._stats import Clock
+from loaderx._loader import context
+from loaderx._loader.batch import Builder
+from loaderx._loader.stats import Clock
 from loaderx.errors import LoaderxTypeError
 from loaderx.workers import channel
 from loaderx.workers.arena import Arena, BatchMemory

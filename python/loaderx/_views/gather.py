@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from loaderx._recycle import aligned_empty
+from loaderx._views.recycle import aligned_empty
 from loaderx.errors import LoaderxIndexError, LoaderxValueError
 
 _U64 = np.dtype(np.uint64)

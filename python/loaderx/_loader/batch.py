@@ -16,9 +16,9 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from loaderx import _native
-from loaderx._gather import _ragged_layout, _ragged_views
-from loaderx._stats import Clock
-from loaderx.context import BatchContext
+from loaderx._loader.context import BatchContext
+from loaderx._loader.stats import Clock
+from loaderx._views.gather import _ragged_layout, _ragged_views
 from loaderx.errors import LoaderxTypeError, LoaderxValueError
 
 __all__ = ["Builder", "ContextMaker", "EndlessRows", "Failure", "Job", "Memory", "PassRows", "Rows",
@@ -106,7 +106,7 @@ class Builder:
 
     def produce(self, step: int, memory: Memory, clock: Clock | None = None) -> Any:
         """Batch ``step``, transformed. With a ``clock`` (statistics on: see
-        :mod:`loaderx._stats`), each stage is timed into it -- and traced as a named range
+        :mod:`loaderx._loader.stats`), each stage is timed into it -- and traced as a named range
         while a framework profiler records."""
         if clock is not None:
             return self._produce_timed(step, memory, clock)

@@ -29,7 +29,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from loaderx._archive_stream import ArchiveStream
+from loaderx._archives.stream import ArchiveStream
 from loaderx.errors import CorruptStoreError
 
 __all__ = ["BLOCK", "Limits", "Member", "TarReader"]

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from loaderx._loader.host import gil_enabled, usable_cores
+
 __all__ = ["BUILD_STAGES", "STAGES", "Collector", "LoaderStats", "Period", "Recorder", "Stage",
            "Verdict", "judge", "spans", "stats_default"]
 
@@ -196,7 +198,7 @@ class Recorder:
 
 
 class Clock:
-    """What :meth:`loaderx._batch.Builder.produce` measured of the batch it built last, for
+    """What :meth:`loaderx._loader.batch.Builder.produce` measured of the batch it built last, for
     the one thread that builds with it, and whether to trace it (see :func:`spans`). A worker
     process's clock has neither collector nor recorder: it sends its timings instead, and
     traces nothing (the profiler that records is the consumer's)."""
@@ -301,8 +303,6 @@ class Collector:
 
     def __init__(self, mode: str, workers: int, capacity: int, lock: Any,
                  pids: Callable[[], list[int]] | None = None) -> None:
-        from loaderx.workers.start import usable_cores
-
         self.mode, self.workers, self.capacity = mode, workers, capacity
         self.cores = usable_cores()
         self.lock = lock
@@ -501,7 +501,7 @@ class Period:
       ``LoaderStats.startup``); ``built`` -- batches the workers built (seeks drop some);
       ``batches_per_second``.
     * ``stages`` -- :class:`Stage` per stage name (``sample``, ``read``, ``transform``,
-      ``handoff``, ``idle``, ``wait``; see :mod:`loaderx._stats`).
+      ``handoff``, ``idle``, ``wait``; see :mod:`loaderx._loader.stats`).
     * ``bytes_read`` -- bytes the gathers wrote; ``from_device`` -- batches whose reads went
       to the device rather than the page cache (as the stores' ``recently_cold`` tells).
     * ``waited`` -- the fraction of the wall time the consumer spent waiting in ``next()``.
@@ -686,7 +686,7 @@ def judge(p: Period) -> Verdict:
                 f"{advice}")
         return Verdict(True, limit, advice, text)
     if (p.mode == "thread" and p.workers >= 2 and limit == "transform" and p.cores >= 2
-            and p.worker_cores is not None and p.worker_cores <= GIL_CORES and _gil()):
+            and p.worker_cores is not None and p.worker_cores <= GIL_CORES and gil_enabled()):
         advice = "use worker_mode='process'"
         text = (f"{head}{what}, but {p.workers} threads used {p.worker_cores:.1f} cores: the "
                 f"transform holds the GIL; {advice}")
@@ -694,12 +694,6 @@ def judge(p: Period) -> Verdict:
     advice = "raise num_workers"
     text = f"{head}{what}; {cores or 'the cores are not all busy'}: {advice}"
     return Verdict(True, limit, advice, text)
-
-
-def _gil() -> bool:
-    from loaderx.workers.start import gil_enabled
-
-    return gil_enabled()
 
 
 # -- the snapshot --------------------------------------------------------------------------------

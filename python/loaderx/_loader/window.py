@@ -15,8 +15,8 @@ import os
 import threading
 from typing import Any
 
-from loaderx._batch import Failure
-from loaderx._stats import Collector
+from loaderx._loader.batch import Failure
+from loaderx._loader.stats import Collector
 from loaderx.errors import LoaderClosedError
 
 __all__ = ["RECHECK_SECONDS", "Window", "same_process"]
