@@ -33,7 +33,7 @@ PUBLIC = {
         DatasetFiles check_dataset claim_new copy copy_files data_regions dataset_files
         dataset_report held_still store_files verified verified_stores write_sparse
     """.split(),
-    "loaderx.dataloader": "DataLoader Pass Stream".split(),
+    "loaderx.dataloader": "DataLoader LoaderStats Pass Period Stage Stream Verdict".split(),
     "loaderx.dataset": "DenseDataset RaggedDataset pad".split(),
     "loaderx.errors": """
         CorruptStoreError DatasetError InternalError LimitExceededError LoaderClosedError

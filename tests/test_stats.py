@@ -29,7 +29,8 @@ from loaderx import (
     pack,
     profiling,
 )
-from loaderx._loader.stats import LoaderStats, _buckets_of, _Hist
+from loaderx._loader.stats import _buckets_of, _Hist
+from loaderx.dataloader import LoaderStats, Period, Stage, Verdict
 
 N = 2000
 
@@ -118,6 +119,8 @@ def test_verdict_slow_transform(streams):
         take(loader, 15)
         stats = loader.stats()
     v = stats.verdict
+    assert isinstance(v, Verdict) and isinstance(stats.since_start, Period), stats
+    assert isinstance(stats.since_start.stages["transform"], Stage)
     assert v.input_bound is True and v.limit == "transform", stats
     assert "input-bound" in stats.summary() and "transform" in stats.summary()
     assert stats.since_start.stages["transform"].mean >= 0.015

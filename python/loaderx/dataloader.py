@@ -142,7 +142,15 @@ from typing import Any
 import numpy as np
 
 from loaderx._loader.batch import Builder, ContextMaker, EndlessRows, Failure, Job, PassRows
-from loaderx._loader.stats import Clock, Collector, LoaderStats, stats_default
+from loaderx._loader.stats import (
+    Clock,
+    Collector,
+    LoaderStats,
+    Period,
+    Stage,
+    Verdict,
+    stats_default,
+)
 from loaderx._loader.window import RECHECK_SECONDS, Window, same_process
 from loaderx._views.mixture import ordered_streams
 from loaderx._views.recycle import BufferPool, GrowingPool
@@ -166,7 +174,8 @@ from loaderx.workers.start import METHODS
 #: :class:`loaderx.source.RaggedSource` (a RaggedDataset, or a ragged ConcatDataset or Subset).
 Stream = DenseSource | RaggedSource
 
-__all__ = ["DataLoader", "Pass", "Stream"]
+#: ``LoaderStats`` and its parts are what ``stats()`` returns, for annotations and isinstance.
+__all__ = ["DataLoader", "LoaderStats", "Pass", "Period", "Stage", "Stream", "Verdict"]
 
 _WORKER_MODES = ("thread", "process")
 
