@@ -11,7 +11,7 @@ __all__ = ["Zrecord", "Sampler", "set_num_threads", "num_threads", "canonical_co
            "begin_exit", "Across",
            "pack_concat", "pack_first_fit", "CODECS",
            "FORMAT_VERSION", "MAX_RECORDS", "MAX_RECORD_BYTES",
-           "copy_records", "pread_records", "engine_errors"]
+           "copy_records", "pread_records", "write_profile", "engine_errors"]
 
 CODECS: tuple[str, ...]
 FORMAT_VERSION: int
@@ -45,6 +45,7 @@ def pack_first_fit(store: Zrecord, row_ptr: Any, row_docs: Any, sizes: Any, rows
 # wheels have none).
 def copy_records(src: Any, record: int, idxs: Any, dst: Any) -> None: ...
 def pread_records(path: str, offsets: Any, record: int, dst: Any, threads: int) -> None: ...
+def write_profile(reset: bool = False) -> dict[str, tuple[float, int]]: ...
 
 # Test hook: only in builds with the `testing` cargo feature.
 def engine_errors() -> list[tuple[str, BaseException]]: ...

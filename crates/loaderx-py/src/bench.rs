@@ -1,7 +1,8 @@
 //! Benchmark ceilings, built only with the `bench` feature (the development environment of
 //! `scripts/env.sh`; never in the default wheel): the same copy and the same reads a gather
 //! does, without the store, for `scripts/bench_store.py` and `scripts/bench_cold.py` to
-//! measure gathers against.
+//! measure gathers against; and the engine's per-stage write clocks for
+//! `scripts/bench_write.py`.
 
 use pyo3::prelude::*;
 
@@ -57,8 +58,18 @@ fn pread_records(
         .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))
 }
 
+/// The engine's per-stage clocks of appends and syncs since the last reset, as
+/// `{stage: (seconds, calls)}` (thread-seconds for the stages that run on several threads;
+/// see `zrecord::profile`); `reset=True` zeroes them after reading.
+#[pyfunction]
+#[pyo3(signature = (reset = false))]
+fn write_profile(reset: bool) -> std::collections::HashMap<&'static str, (f64, u64)> {
+    zrecord::profile::snapshot(reset).into_iter().map(|(name, s, n)| (name, (s, n))).collect()
+}
+
 /// Adds the ceilings to the native module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(copy_records, m)?)?;
+    m.add_function(wrap_pyfunction!(write_profile, m)?)?;
     m.add_function(wrap_pyfunction!(pread_records, m)?)
 }

@@ -1,52 +1,44 @@
 //! `append`: compress concurrently, plan the records' places from the frontier ([`plan`], pure),
 //! write the data concurrently, then commit: the table entries, the checksums, the new length.
 //!
+//! A compressed append on several threads runs as a pipeline (`pipeline.rs`): segments are
+//! compressed, placed in order and written as each is ready. Everything else -- a raw append,
+//! one thread, or an append whose raw sizes would not fit the chunk limit -- compresses every
+//! segment first (in parallel blocks, outside the writer mutex), then places and writes.
+//!
 //! Everything that can be refused (sizes, limits, codec, writer lock) is checked before the
 //! first byte is written. Data lands in the chunk files before its table entries, and the
 //! entries before the length, so a failure at any step leaves the published store unchanged and
 //! the frontier where it was (the space is reused by the next append).
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
 
 use crate::codec::Encoder;
 use crate::error::{Error, Result};
 use crate::format::{Codec, RecordLoc, SumEntry, MAX_CHUNKS, MAX_RECORDS, MAX_RECORD_BYTES};
 use crate::frontier::Frontier;
-use crate::pool::{run_balanced, run_sharded};
+use crate::pool::{num_threads, run_balanced, run_sharded};
+use crate::profile::{timed, Stage};
+use crate::segments::{self, Buf, Pending, Segment};
 use crate::store::{Store, WriterState};
-use crate::sums::{binding, record_sum};
-
-/// Where a record's stored bytes are: in the caller's buffer, or in a shard's output buffer.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Buf {
-    Caller,
-    Shard(usize),
-}
-
-/// One record on its way in.
-struct Pending {
-    index: usize,
-    /// Byte range of the record in the caller's buffer.
-    src: (usize, usize),
-    /// How it is stored, and where those bytes are.
-    codec: Codec,
-    buf: Buf,
-    stored: (usize, usize),
-}
+use crate::sums::binding;
 
 /// A run of stored bytes to write at one place in one chunk.
-struct Write {
-    chunk: u64,
-    offset: u64,
-    buf: Buf,
-    range: (usize, usize),
+pub(crate) struct Write {
+    pub chunk: u64,
+    pub offset: u64,
+    pub buf: Buf,
+    pub range: (usize, usize),
 }
 
 impl Store {
     /// Appends the records packed in `src`: record `i` is `src[offsets[i]..offsets[i + 1]]`, the
     /// last one runs to the end of `src`. Returns the index of the first new record.
     pub fn append(&self, src: &[u8], offsets: &[u64], codec: Option<Codec>) -> Result<u64> {
+        timed(Stage::Append, || self.append_unprofiled(src, offsets, codec))
+    }
+
+    fn append_unprofiled(&self, src: &[u8], offsets: &[u64], codec: Option<Codec>) -> Result<u64> {
         let codec = codec.unwrap_or(self.default_codec);
         let _guard = self.activity.shared("append")?;
         let ranges = record_ranges(src.len(), offsets)?;
@@ -56,6 +48,8 @@ impl Store {
         if codec == Codec::ZstdDict && !self.has_dict() {
             return Err(Error::MissingDictionary { path: self.dir.clone() });
         }
+        let threads = num_threads();
+        let segs = segments::split(&ranges, threads);
         {
             // Learn about a refused writer lock before spending time compressing.
             let mut state = self.lock_writer()?;
@@ -63,12 +57,40 @@ impl Store {
             if self.len() + ranges.len() as u64 > MAX_RECORDS {
                 return Err(record_limit(self.len() + ranges.len() as u64));
             }
+            if codec != Codec::Raw
+                && threads > 1
+                && segs.len() > 1
+                && fits_raw(&state, self, &ranges)
+            {
+                return self.append_pipelined(src, &ranges, &segs, codec, &mut state);
+            }
         }
-        let (records, shard_bufs) = self.encode(src, &ranges, codec)?;
+        let segments = self.encode(src, &ranges, &segs, codec)?;
+        let result = self.place_and_write(src, &ranges, &segments);
+        for seg in segments {
+            self.out_bufs.give(seg.out);
+        }
+        result
+    }
+
+    /// The serial path's second half: places every record, writes the runs, commits.
+    fn place_and_write(
+        &self,
+        src: &[u8],
+        ranges: &[(usize, usize)],
+        segments: &[Segment],
+    ) -> Result<u64> {
+        let mut records = Vec::with_capacity(ranges.len());
+        for (s, seg) in segments.iter().enumerate() {
+            records.extend(seg.pending.iter().map(|p| Pending {
+                buf: if p.buf == Buf::Caller { Buf::Caller } else { Buf::Shard(s) },
+                ..*p
+            }));
+        }
         let bytes_of = |buf: Buf, (a, b): (usize, usize)| -> &[u8] {
             match buf {
                 Buf::Caller => &src[a..b],
-                Buf::Shard(s) => &shard_bufs[s][a..b],
+                Buf::Shard(s) => &segments[s].out[a..b],
             }
         };
 
@@ -81,27 +103,43 @@ impl Store {
         }
         let mut frontier =
             Frontier::new(state.tail_chunk, state.tail_offset, self.chunks.capacity());
-        let (entries, mut writes) = plan(&records, &mut frontier)?;
+        let (entries, mut writes) = timed(Stage::Plan, || plan(&records, &mut frontier))?;
+        self.failpoints.hit("append:before-data").map_err(Error::internal)?;
         self.write_data(&state, &mut writes, &bytes_of)?;
         state.dirty_chunks.extend(writes.iter().map(|w| w.chunk));
-        self.failpoints.hit("append:before-table").map_err(Error::internal)?;
-        self.write_entries(first, &entries)?;
-        state.dirty_table = true;
-        if let Some(sums) = self.sums.get() {
-            let sums_of: Vec<SumEntry> = records
-                .iter()
+        let sums: Option<Vec<SumEntry>> = self.sums.get().map(|_| {
+            let mut all = Vec::with_capacity(records.len());
+            for seg in segments {
+                all.extend_from_slice(&seg.sums);
+            }
+            all.iter()
                 .zip(&entries)
-                .map(|(r, loc)| SumEntry {
-                    sum: record_sum(&src[r.src.0..r.src.1]),
-                    binding: binding(loc),
-                })
-                .collect();
-            sums.write(&self.disk, first, &sums_of)?;
+                .map(|(&sum, loc)| SumEntry { sum, binding: binding(loc) })
+                .collect()
+        });
+        self.commit(&mut state, first, &entries, sums.as_deref(), frontier)
+    }
+
+    /// Commits an append whose data is written: the table entries, the checksums, then the
+    /// new frontier and length.
+    pub(crate) fn commit(
+        &self,
+        state: &mut WriterState,
+        first: u64,
+        entries: &[RecordLoc],
+        sums: Option<&[SumEntry]>,
+        frontier: Frontier,
+    ) -> Result<u64> {
+        self.failpoints.hit("append:before-table").map_err(Error::internal)?;
+        self.write_entries(first, entries)?;
+        state.dirty_table = true;
+        if let (Some(file), Some(sums)) = (self.sums.get(), sums) {
+            file.write(&self.disk, first, sums)?;
             state.dirty_sums = true;
         }
         self.failpoints.hit("append:before-publish").map_err(Error::internal)?;
         (state.tail_chunk, state.tail_offset) = frontier.at();
-        self.len.publish((first + n) as u32);
+        self.len.publish((first + entries.len() as u64) as u32);
         Ok(first)
     }
 
@@ -113,14 +151,9 @@ impl Store {
         writes: &mut [Write],
         bytes_of: &(dyn Fn(Buf, (usize, usize)) -> &'b [u8] + Sync),
     ) -> Result<()> {
-        self.failpoints.hit("append:before-data").map_err(Error::internal)?;
         let touched: BTreeSet<u64> = writes.iter().map(|w| w.chunk).collect();
         for &id in &touched {
-            if id == state.tail_chunk && state.tail_offset > 0 {
-                self.check_tail_chunk(id, state.tail_offset)?;
-            } else {
-                self.chunks.get_or_create(id)?;
-            }
+            self.prepare_chunk(state.tail_chunk, state.tail_offset, id)?;
         }
         let total: usize = writes.iter().map(|w| w.range.1 - w.range.0).sum();
         run_sharded(writes, total, |block: &mut [Write]| -> Result<()> {
@@ -131,83 +164,98 @@ impl Store {
         })
     }
 
-    /// The chunk holding the frontier must exist and reach it: appending to a recreated or
-    /// truncated file would make the records before the frontier read as zeros.
-    fn check_tail_chunk(&self, id: u64, tail_offset: u64) -> Result<()> {
-        let chunk = self.chunks.get(id)?;
-        let size = chunk.file_size()?;
-        if size < tail_offset {
-            return Err(Error::corrupt(
-                self.chunks.path(id),
-                format!(
-                    "chunk file is {size} bytes but the store's data reaches byte {tail_offset}"
-                ),
-            ));
+    /// Makes chunk `id` ready for writing: the chunk holding the frontier `(tail_chunk,
+    /// tail_offset)` must exist and reach it (appending to a recreated or truncated file would
+    /// make the records before the frontier read as zeros); a chunk past it is created.
+    pub(crate) fn prepare_chunk(&self, tail_chunk: u64, tail_offset: u64, id: u64) -> Result<()> {
+        if id == tail_chunk && tail_offset > 0 {
+            let chunk = self.chunks.get(id)?;
+            let size = chunk.file_size()?;
+            if size < tail_offset {
+                return Err(Error::corrupt(
+                    self.chunks.path(id),
+                    format!(
+                        "chunk file is {size} bytes but the store's data reaches byte \
+                         {tail_offset}"
+                    ),
+                ));
+            }
+        } else {
+            self.chunks.get_or_create(id)?;
         }
         Ok(())
     }
 
-    /// Compresses every record, in parallel shards, each into its shard's output buffer.
-    /// Records that do not shrink (and every record of a raw append) stay in the caller's buffer.
+    /// Sums and compresses every segment, in parallel blocks, each into its own output buffer.
+    /// Records that do not shrink (and every record of a raw append) stay in the caller's
+    /// buffer.
     fn encode(
         &self,
         src: &[u8],
         ranges: &[(usize, usize)],
+        segs: &[std::ops::Range<usize>],
         codec: Codec,
-    ) -> Result<(Vec<Pending>, Vec<Vec<u8>>)> {
-        let mut records: Vec<Pending> = ranges
-            .iter()
-            .enumerate()
-            .map(|(index, &r)| Pending {
-                index,
-                src: r,
-                codec: Codec::Raw,
-                buf: Buf::Caller,
-                stored: r,
-            })
-            .collect();
-        if codec == Codec::Raw {
-            return Ok((records, Vec::new()));
+    ) -> Result<Vec<Segment>> {
+        let with_sums = self.has_checksums();
+        let mut slots: Vec<(std::ops::Range<usize>, Option<Segment>)> =
+            segs.iter().map(|r| (r.clone(), None)).collect();
+        if codec == Codec::Raw && !with_sums {
+            return Ok(slots
+                .into_iter()
+                .map(|(records, _)| Segment {
+                    pending: ranges[records.clone()]
+                        .iter()
+                        .map(|&r| Pending {
+                            src: r,
+                            codec: Codec::Raw,
+                            buf: Buf::Caller,
+                            stored: r,
+                        })
+                        .collect(),
+                    out: Vec::new(),
+                    sums: Vec::new(),
+                })
+                .collect());
         }
         let dict = self.dictionary();
-        // Each shard files its buffer under its first record's index; compression is the costly
-        // part, so the shard count is driven by a generous byte estimate.
-        let outputs = Mutex::new(Vec::<(usize, Vec<u8>)>::new());
-        run_balanced(&mut records, src.len() * 8, |block: &mut [Pending]| -> Result<()> {
-            let mut encoder = Encoder::new(dict, self.has_checksums());
-            let mut out = Vec::new();
-            for r in block.iter_mut() {
-                let start = out.len();
-                r.codec = encoder
-                    .encode(codec, &src[r.src.0..r.src.1], &mut out)
-                    .map_err(|e| Error::internal(format!("compression failed: {e}")))?;
-                if r.codec != Codec::Raw {
-                    r.stored = (start, out.len());
-                }
+        // Compression is the costly part, so the block count is driven by a generous estimate.
+        run_balanced(&mut slots, src.len() * 8, |block| -> Result<()> {
+            let mut encoder = Encoder::new(dict, with_sums);
+            for (records, seg) in block.iter_mut() {
+                let out = if codec == Codec::Raw { Vec::new() } else { self.out_bufs.take() };
+                *seg = Some(segments::compress(
+                    &mut encoder,
+                    src,
+                    ranges,
+                    records.clone(),
+                    codec,
+                    with_sums,
+                    out,
+                )?);
             }
-            let key = block.first().map_or(0, |r| r.index);
-            outputs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((key, out));
             Ok(())
         })?;
-        let mut outputs = outputs.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
-        outputs.sort_by_key(|(key, _)| *key);
-        // A record belongs to the last shard whose first index is not past it.
-        let mut shard = 0;
-        for r in &mut records {
-            while shard + 1 < outputs.len() && outputs[shard + 1].0 <= r.index {
-                shard += 1;
-            }
-            if r.codec != Codec::Raw {
-                r.buf = Buf::Shard(shard);
-            }
-        }
-        Ok((records, outputs.into_iter().map(|(_, b)| b).collect()))
+        slots
+            .into_iter()
+            .map(|(_, seg)| seg.ok_or_else(|| Error::internal("a segment was not compressed")))
+            .collect()
     }
+}
+
+/// Whether the records, at their raw sizes, fit behind the frontier within the chunk limit:
+/// then their compressed sizes do too (bytes no longer than others never end further), and a
+/// pipeline that writes before it knows every size cannot run into the limit half-way.
+fn fits_raw(state: &WriterState, store: &Store, ranges: &[(usize, usize)]) -> bool {
+    let mut frontier = Frontier::new(state.tail_chunk, state.tail_offset, store.chunks.capacity());
+    ranges.iter().all(|&(a, b)| frontier.place((b - a) as u64).is_some())
 }
 
 /// The plan of an append (pure): each record's table entry and the runs of bytes to write,
 /// placed from `frontier` (which ends past the last record).
-fn plan(records: &[Pending], frontier: &mut Frontier) -> Result<(Vec<RecordLoc>, Vec<Write>)> {
+pub(crate) fn plan(
+    records: &[Pending],
+    frontier: &mut Frontier,
+) -> Result<(Vec<RecordLoc>, Vec<Write>)> {
     let mut entries = Vec::with_capacity(records.len());
     let mut writes: Vec<Write> = Vec::new();
     for r in records {
@@ -291,11 +339,10 @@ mod tests {
         let mut at = 0;
         lengths
             .iter()
-            .enumerate()
-            .map(|(index, &n)| {
+            .map(|&n| {
                 at += n;
                 let r = (at - n, at);
-                Pending { index, src: r, codec: Codec::Raw, buf: Buf::Caller, stored: r }
+                Pending { src: r, codec: Codec::Raw, buf: Buf::Caller, stored: r }
             })
             .collect()
     }

@@ -115,9 +115,10 @@ impl Chunk {
 
     /// Writes `data` at `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.disk
-            .write_at(&self.open.file, &self.path, offset, data)
-            .map_err(|e| Error::io(&self.path, e))?;
+        crate::profile::timed(crate::profile::Stage::Write, || {
+            self.disk.write_at(&self.open.file, &self.path, offset, data)
+        })
+        .map_err(|e| Error::io(&self.path, e))?;
         self.size.fetch_max(offset + data.len() as u64, Ordering::AcqRel);
         Ok(())
     }

@@ -1,6 +1,6 @@
 //! Per-record compression: plain zstd at level 3, and zstd at level 19 against the store's
-//! trained dictionary. Contexts are created once per shard and reused across its records; the
-//! prepared dictionaries are immutable and shared by every shard.
+//! trained dictionary. Each thread keeps one level-3 context for good; a worker makes its
+//! dictionary context once per append; the prepared dictionaries are immutable and shared.
 // Decoders of bytes from files: no panicking shortcuts (docs/FORMAT.md is the contract).
 #![deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
@@ -60,66 +60,86 @@ pub fn train(samples: &[u8], sizes: &[usize], max_size: usize) -> io::Result<Vec
     crate::dict_training::train(samples, sizes, max_size, crate::pool::num_threads())
 }
 
-/// One shard's compression contexts and scratch space.
+thread_local! {
+    /// The calling thread's level-3 context and whether it writes zstd's content checksum,
+    /// kept for good: making a context (megabytes of tables, faulted in fresh) per append or
+    /// per shard cost more than compressing a small append. Pool threads live as long as the
+    /// process, so each makes one. A forked child inherits its forking thread's, which is safe
+    /// to go on using (a context holds no locks).
+    static PLAIN: RefCell<Option<(Compressor<'static>, bool)>> = const { RefCell::new(None) };
+}
+
+/// One worker's compression: the thread's plain context ([`PLAIN`]) and a dictionary context
+/// made on first use (the prepared dictionary is shared; a context against it is not).
 pub struct Encoder<'d> {
-    plain: Option<Compressor<'d>>,
     with_dict: Option<Compressor<'d>>,
     dict: Option<&'d Dictionary>,
-    scratch: Vec<u8>,
     checksum: bool,
 }
 
 impl<'d> Encoder<'d> {
-    /// Contexts are made on first use. With `checksum`, frames carry zstd's content checksum
-    /// (4 bytes), which every decoder verifies.
+    /// With `checksum`, frames carry zstd's content checksum (4 bytes), which every decoder
+    /// verifies.
     pub fn new(dict: Option<&'d Dictionary>, checksum: bool) -> Self {
-        Encoder { plain: None, with_dict: None, dict, scratch: Vec::new(), checksum }
+        Encoder { with_dict: None, dict, checksum }
     }
 
-    fn configured(&self, mut ctx: Compressor<'d>) -> io::Result<Compressor<'d>> {
-        if self.checksum {
-            ctx.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))?;
-        }
-        Ok(ctx)
-    }
-
-    /// Compresses `src` and appends the frame to `out` if that makes the record smaller.
-    /// Returns the codec the record is stored with: `codec` when it shrank, [`Codec::Raw`]
-    /// otherwise (nothing appended).
-    pub fn encode(&mut self, codec: Codec, src: &[u8], out: &mut Vec<u8>) -> io::Result<Codec> {
+    /// Compresses `src` straight into `dst` if that makes the record smaller: `Some(n)` when
+    /// the frame is `dst[..n]`, `None` when the record is to be stored raw (nothing written
+    /// that counts). `dst` needs at least `src.len() - 1` bytes.
+    ///
+    /// zstd gets one byte less room than the input: a frame that would not shrink the record
+    /// does not fit, and zstd then says "destination too small" instead of writing it. It
+    /// compresses a block before it knows whether the room suffices, so the decision costs
+    /// nothing beyond the one compression.
+    pub fn encode_into(
+        &mut self,
+        codec: Codec,
+        src: &[u8],
+        dst: &mut [u8],
+    ) -> io::Result<Option<usize>> {
         if codec == Codec::Raw || src.len() < 2 {
-            return Ok(Codec::Raw);
+            return Ok(None);
         }
-        if codec == Codec::Zstd && self.plain.is_none() {
-            self.plain = Some(self.configured(Compressor::new(ZSTD_LEVEL)?)?);
+        let room = dst
+            .get_mut(..src.len() - 1)
+            .ok_or_else(|| io::Error::other("compression output buffer too small"))?;
+        if codec == Codec::Zstd {
+            return self.plain(src, room);
         }
-        if codec == Codec::ZstdDict && self.with_dict.is_none() {
+        if self.with_dict.is_none() {
             let dict = self.dict.ok_or_else(|| io::Error::other("no dictionary"))?;
             let prepared = dict
                 .encoder()
                 .ok_or_else(|| io::Error::other("zstd rejects the store's dictionary"))?;
-            let ctx = Compressor::with_prepared_dictionary(prepared)?;
-            self.with_dict = Some(self.configured(ctx)?);
-        }
-        let ctx = match codec {
-            Codec::Zstd => self.plain.as_mut(),
-            _ => self.with_dict.as_mut(),
-        }
-        .ok_or_else(|| io::Error::other("no compression context for the codec"))?;
-        // zstd gets one byte less room than the input: output that would not shrink the record
-        // is unwanted, and zstd then reports "destination too small" instead of writing it.
-        let room = src.len().saturating_sub(1);
-        if self.scratch.len() < room {
-            self.scratch.resize(room, 0);
-        }
-        let scratch = self.scratch.get_mut(..room).unwrap_or_default();
-        match ctx.compress_to_buffer(src, scratch) {
-            Ok(n) => {
-                out.extend_from_slice(scratch.get(..n).unwrap_or_default());
-                Ok(codec)
+            let mut ctx = Compressor::with_prepared_dictionary(prepared)?;
+            if self.checksum {
+                ctx.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))?;
             }
-            Err(_) => Ok(Codec::Raw),
+            self.with_dict = Some(ctx);
         }
+        let ctx =
+            self.with_dict.as_mut().ok_or_else(|| io::Error::other("no dictionary context"))?;
+        Ok(ctx.compress_to_buffer(src, room).ok())
+    }
+
+    /// Level 3 on the calling thread's context; `None` when the frame does not fit `room`.
+    fn plain(&self, src: &[u8], room: &mut [u8]) -> io::Result<Option<usize>> {
+        PLAIN.with(|cell| {
+            // Only this function borrows it, and nothing it calls compresses.
+            let mut slot = cell.try_borrow_mut().map_err(io::Error::other)?;
+            if slot.is_none() {
+                *slot = Some((Compressor::new(ZSTD_LEVEL)?, false));
+            }
+            let Some((ctx, checksum)) = slot.as_mut() else {
+                return Err(io::Error::other("no compression context"));
+            };
+            if *checksum != self.checksum {
+                ctx.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(self.checksum))?;
+                *checksum = self.checksum;
+            }
+            Ok(ctx.compress_to_buffer(src, room).ok())
+        })
     }
 }
 
@@ -253,8 +273,9 @@ mod tests {
         let mut frames = Vec::new();
         for (k, r) in records.iter().enumerate() {
             let codec = if k % 2 == 0 { Codec::Zstd } else { Codec::ZstdDict };
-            let mut out = Vec::new();
-            assert_eq!(encoder.encode(codec, r, &mut out).unwrap(), codec);
+            let mut out = vec![0u8; r.len()];
+            let n = encoder.encode_into(codec, r, &mut out).unwrap().unwrap();
+            out.truncate(n);
             frames.push((codec, out));
         }
         for _ in 0..2 {
@@ -268,6 +289,36 @@ mod tests {
         // A dictionary frame with no dictionary is reported, not decoded wrong.
         let mut got = vec![0u8; 1000];
         assert!(!Decoder::new(None).decode(Codec::ZstdDict, &frames[1].1, &mut got).unwrap());
+    }
+
+    /// A record that does not shrink comes back raw, decided by the one compression; the
+    /// thread's reused context then writes exactly the frame a fresh context writes, with and
+    /// without zstd's checksum.
+    #[test]
+    fn raw_when_not_shrinking_and_the_reused_context_writes_fresh_frames() {
+        use super::{Codec, Encoder, ZSTD_LEVEL};
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let noise: Vec<u8> = (0..12_288)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 24) as u8
+            })
+            .collect();
+        let ramp: Vec<u8> = (0..12_288u32).map(|i| (i / 7 % 64) as u8).collect();
+        for checksum in [false, true, false] {
+            let mut encoder = Encoder::new(None, checksum);
+            let mut out = vec![0u8; 12_288];
+            assert_eq!(encoder.encode_into(Codec::Zstd, &noise, &mut out).unwrap(), None);
+            assert_eq!(encoder.encode_into(Codec::Zstd, &[7], &mut out).unwrap(), None);
+            let n = encoder.encode_into(Codec::Zstd, &ramp, &mut out).unwrap().unwrap();
+            let mut fresh = zstd::bulk::Compressor::new(ZSTD_LEVEL).unwrap();
+            fresh.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(checksum)).unwrap();
+            assert_eq!(out[..n], fresh.compress(&ramp).unwrap()[..], "checksum={checksum}");
+            // Too little room for even the compressible record is an error, not a panic.
+            assert!(encoder.encode_into(Codec::Zstd, &ramp, &mut out[..10]).is_err());
+        }
     }
 
     #[test]

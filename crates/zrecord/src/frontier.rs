@@ -100,4 +100,23 @@ mod tests {
             }
         }
     }
+
+    proptest::proptest! {
+        /// What lets a pipelined append write before it knows every compressed size
+        /// (`append.rs`, `fits_raw`): bytes placed no longer than others, one by one, never
+        /// end further on, so if the raw sizes fit the chunk limit, the stored ones do.
+        #[test]
+        fn shorter_records_never_end_further(
+            start in 0u64..50,
+            pairs in proptest::collection::vec((0u64..=64, 0u64..=64), 0..200),
+        ) {
+            let (mut long, mut short) = (Frontier::new(0, start % 64, 64), Frontier::new(0, start % 64, 64));
+            for (a, b) in pairs {
+                let (big, small) = (a.max(b), a.min(b));
+                long.place(big);
+                short.place(small);
+                proptest::prop_assert!(short.at() <= long.at());
+            }
+        }
+    }
 }

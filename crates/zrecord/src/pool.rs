@@ -204,6 +204,19 @@ where
     run_blocks(items, shards.min(items.len()).min(by_bytes.max(1)), work)
 }
 
+/// Runs `work` on `workers` threads at once, the calling thread being one of them, and
+/// returns the first error any reported. For work that pulls its own items from a shared
+/// counter (the append pipeline): each call of `work` is one worker, living as long as there
+/// are items. Inline on the calling thread when `workers <= 1` or there is no pool.
+pub fn run_workers<E, F>(workers: usize, work: F) -> Result<(), E>
+where
+    E: Send,
+    F: Fn() -> Result<(), E> + Sync,
+{
+    let mut slots = vec![(); workers.max(1)];
+    run_blocks(&mut slots, workers, |_: &mut [()]| work())
+}
+
 /// Runs `work` on `shards` contiguous blocks of `items` on the compute pool, the calling
 /// thread taking the first; inline when `shards <= 1` or there is no pool.
 fn run_blocks<T, E, F>(items: &mut [T], shards: usize, work: F) -> Result<(), E>
@@ -244,7 +257,7 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::{run_balanced, run_sharded, set_num_threads};
+    use super::{run_balanced, run_sharded, run_workers, set_num_threads};
 
     /// Every item is worked on exactly once, whatever the thread count and block split.
     #[test]
@@ -284,6 +297,23 @@ mod tests {
                     },
                 );
             assert_eq!(failed, Err(500));
+            // Workers pull items until none is left; each item is taken once.
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let seen = std::sync::Mutex::new(Vec::new());
+            run_workers(threads, || -> Result<(), ()> {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= 100 {
+                        return Ok(());
+                    }
+                    seen.lock().unwrap().push(i);
+                }
+            })
+            .unwrap();
+            let mut seen = seen.into_inner().unwrap();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..100).collect::<Vec<_>>());
+            assert_eq!(run_workers(threads, || Err::<(), _>(7)), Err(7));
         }
         set_num_threads(0);
     }

@@ -38,6 +38,7 @@ use crate::format::{
 };
 use crate::mapped::MetaMap;
 use crate::published::PublishedLen;
+use crate::segments::OutputBuffers;
 use crate::sums::Sums;
 
 /// How often a read that overlapped another process's compaction is tried again before it
@@ -130,6 +131,8 @@ pub struct Store {
     pub(crate) warm_until_ns: AtomicU64,
     /// Consecutive gathers whose probe found their records in memory (`cold.rs`).
     pub(crate) warm_streak: AtomicU32,
+    /// Compression output buffers kept from one append to the next (`segments.rs`).
+    pub(crate) out_bufs: OutputBuffers,
 }
 
 impl Store {
@@ -197,6 +200,7 @@ impl Store {
             recently_cold: AtomicBool::new(false),
             warm_until_ns: AtomicU64::new(0),
             warm_streak: AtomicU32::new(0),
+            out_bufs: OutputBuffers::default(),
             dict: OnceLock::new(),
             activity: Activity::default(),
             default_codec: options.codec,
@@ -496,6 +500,10 @@ impl Store {
     }
 
     pub(crate) fn sync_locked(&self, state: &mut WriterState) -> Result<()> {
+        crate::profile::timed(crate::profile::Stage::Sync, || self.sync_unprofiled(state))
+    }
+
+    fn sync_unprofiled(&self, state: &mut WriterState) -> Result<()> {
         if state.lock.is_none() {
             return Ok(()); // never wrote: nothing to make durable
         }
@@ -558,6 +566,7 @@ impl Store {
         self.sync_locked(&mut state)?;
         self.writing.store(false, Ordering::Release);
         state.lock = None;
+        self.out_bufs.clear();
         Ok(())
     }
 
