@@ -46,6 +46,7 @@ from typing import Any, Literal
 import numpy as np
 
 from loaderx import _schema, staging
+from loaderx._appends_behind import AppendsBehind
 from loaderx._sparse import copy_files
 from loaderx.errors import (
     AppendWarning,
@@ -272,6 +273,7 @@ class _Conversion:
         self.existing = existing
         self.schema_written = False
         self.stack = contextlib.ExitStack()
+        self.behind: AppendsBehind | None = None
         if existing is not None:
             _check_kind(existing, wanted.kind, self.path)
             if (existing.dtype, existing.item_shape) != (wanted.dtype, wanted.item_shape):
@@ -336,9 +338,27 @@ class _Conversion:
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is not None:
+            self._stop_appends()
             self._abandon()
 
+    def _appends(self) -> AppendsBehind:
+        """The thread appending one chunk behind the reading (started on the first append)."""
+        if self.behind is None:
+            self.behind = AppendsBehind(self.store)
+        return self.behind
+
+    def _wait_appends(self) -> None:
+        if self.behind is not None:
+            self.behind.wait()
+
+    def _stop_appends(self) -> None:
+        """Lets the append under way finish and stops the thread (before anything is undone)."""
+        behind, self.behind = self.behind, None
+        if behind is not None:
+            behind.close()
+
     def ensure_dict(self, samples: list[np.ndarray] | np.ndarray, dict_size: int | None) -> None:
+        self._wait_appends()
         if self.store.has_dict():
             return
         parts = [np.ascontiguousarray(s).reshape(-1).view(np.uint8) for s in samples]
@@ -357,7 +377,7 @@ class _Conversion:
 
     def append(self, block: np.ndarray, offsets: np.ndarray) -> None:
         if len(offsets):
-            self.store.append(block, offsets)
+            self._appends().submit(block, offsets)
 
     def append_records(self, records: list[np.ndarray]) -> None:
         if not records:
@@ -367,11 +387,13 @@ class _Conversion:
         np.cumsum(sizes[:-1], out=offsets[1:])
         blob = np.concatenate([np.ascontiguousarray(r).reshape(-1).view(np.uint8)
                                for r in records])
-        self.store.append(blob, offsets)
+        self._appends().submit(blob, offsets)
 
     def finish(self) -> int:
         """Makes everything durable and records the codec; returns the dataset length. Called
         inside the ``with``: whatever fails here is undone by :meth:`_abandon`."""
+        self._wait_appends()
+        self._stop_appends()
         n = len(self.store)
         if not self.created:
             # Before the commit point (the sync): a schema that cannot be written takes the

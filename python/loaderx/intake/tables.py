@@ -139,8 +139,10 @@ from loaderx.zrecord import MAX_RECORD_BYTES, MAX_RECORDS, Codec
 
 __all__ = ["from_arrow", "DEFAULT_CHUNK_BYTES"]
 
-#: About this many bytes of decoded columns per append.
-DEFAULT_CHUNK_BYTES = 32 << 20
+#: About this many bytes of decoded columns per append: small enough that reading the next
+#: batch overlaps writing this one for files of tens of megabytes, large enough that the
+#: per-append costs vanish.
+DEFAULT_CHUNK_BYTES = 8 << 20
 #: Record batches read ahead of the one being written.
 _READ_AHEAD = 2
 _PANDAS_INDEX = "__index_level_0__"
