@@ -45,9 +45,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loaderx import _schema, staging
 from loaderx._appends_behind import AppendsBehind
-from loaderx._sparse import copy_files
+from loaderx._store import schema as _schema
+from loaderx._store import staging
+from loaderx._store.sparse import copy_files
 from loaderx.errors import (
     AppendWarning,
     DatasetError,
