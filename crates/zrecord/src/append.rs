@@ -4,7 +4,10 @@
 //! A compressed append on several threads runs as a pipeline (`pipeline.rs`): segments are
 //! compressed, placed in order and written as each is ready. Everything else -- a raw append,
 //! one thread, or an append whose raw sizes would not fit the chunk limit -- compresses every
-//! segment first (in parallel blocks, outside the writer mutex), then places and writes.
+//! segment first (in parallel blocks, outside the writer mutex), then places and writes. A raw
+//! append of records all of one size (a fixed-width column) without checksums that fits the
+//! current chunk is placed as one run ([`plan_fixed`]: the entries are arithmetic, one write),
+//! in the places the record-by-record [`plan`] would give it.
 //!
 //! Everything that can be refused (sizes, limits, codec, writer lock) is checked before the
 //! first byte is written. Data lands in the chunk files before its table entries, and the
@@ -41,6 +44,14 @@ impl Store {
     fn append_unprofiled(&self, src: &[u8], offsets: &[u64], codec: Option<Codec>) -> Result<u64> {
         let codec = codec.unwrap_or(self.default_codec);
         let _guard = self.activity.shared("append")?;
+        if codec == Codec::Raw && !self.has_checksums() {
+            // Records of one size (a fixed-width column): checked and placed as one run.
+            if let Some((start, size)) = fixed_size(src.len(), offsets) {
+                if let Some(first) = self.append_fixed(src, start, size, offsets.len() as u64)? {
+                    return Ok(first);
+                }
+            }
+        }
         let ranges = record_ranges(src.len(), offsets)?;
         if ranges.is_empty() {
             return Ok(self.len());
@@ -71,6 +82,34 @@ impl Store {
             self.out_bufs.give(seg.out);
         }
         result
+    }
+
+    /// A raw append of `n` records of `size` bytes each, back to back in `src` from `start`,
+    /// without checksums: placed, written and committed as one run when it fits the current
+    /// chunk (`None` otherwise, nothing done: the general path then places it record by record).
+    fn append_fixed(&self, src: &[u8], start: usize, size: u64, n: u64) -> Result<Option<u64>> {
+        let mut state = self.lock_writer()?;
+        self.ensure_writer(&mut state)?;
+        if self.has_checksums() {
+            return Ok(None); // enabled by another handle since the caller looked
+        }
+        let first = self.len();
+        if first + n > MAX_RECORDS {
+            return Err(record_limit(first + n));
+        }
+        let mut frontier =
+            Frontier::new(state.tail_chunk, state.tail_offset, self.chunks.capacity());
+        let Some((entries, write)) =
+            timed(Stage::Plan, || plan_fixed(&mut frontier, n, size, (start, src.len())))
+        else {
+            return Ok(None);
+        };
+        self.failpoints.hit("append:before-data").map_err(Error::internal)?;
+        let bytes_of = |_: Buf, (a, b): (usize, usize)| -> &[u8] { &src[a..b] };
+        let mut writes = [write];
+        self.write_data(&state, &mut writes, &bytes_of)?;
+        state.dirty_chunks.insert(writes[0].chunk);
+        self.commit(&mut state, first, &entries, None, frontier).map(Some)
     }
 
     /// The serial path's second half: places every record, writes the runs, commits.
@@ -279,6 +318,47 @@ pub(crate) fn plan(
     Ok((entries, writes))
 }
 
+/// The plan of `n` raw records of `size` bytes each, stored as the caller's bytes `range` (pure):
+/// their table entries, arithmetic, and the one write, when the whole run fits the frontier's
+/// chunk (`None` otherwise). The same places as [`plan`] gives them one by one.
+pub(crate) fn plan_fixed(
+    frontier: &mut Frontier,
+    n: u64,
+    size: u64,
+    range: (usize, usize),
+) -> Option<(Vec<RecordLoc>, Write)> {
+    let (chunk, offset) = frontier.place_run(n.checked_mul(size)?)?;
+    let entries = (0..n)
+        .map(|i| RecordLoc {
+            offset: (offset + i * size) as u32,
+            phys_length: size as u32,
+            logic_length: size as u32,
+            chunk_id: chunk as u16,
+            codec: Codec::Raw as u8,
+            reserved: 0,
+        })
+        .collect();
+    Some((entries, Write { chunk, offset, buf: Buf::Caller, range }))
+}
+
+/// `(first byte, size)` when the records of `offsets` in a buffer of `len` bytes all have one
+/// size, above zero and within the record limit (the records of a fixed-width column).
+fn fixed_size(len: usize, offsets: &[u64]) -> Option<(usize, u64)> {
+    let (&first, &last) = (offsets.first()?, offsets.last()?);
+    let size = (len as u64).checked_sub(last)?;
+    if size == 0 || size > MAX_RECORD_BYTES {
+        return None;
+    }
+    let mut expect = first;
+    for &o in offsets {
+        if o != expect {
+            return None;
+        }
+        expect = expect.checked_add(size)?;
+    }
+    Some((first as usize, size))
+}
+
 fn record_limit(requested: u64) -> Error {
     Error::LimitExceeded { what: "record count", limit: MAX_RECORDS, requested }
 }
@@ -329,7 +409,7 @@ fn record_ranges(len: usize, offsets: &[u64]) -> Result<Vec<(usize, usize)>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{plan, Buf, Pending};
+    use super::{fixed_size, plan, plan_fixed, Buf, Pending};
     use crate::error::Error;
     use crate::format::{Codec, MAX_CHUNKS};
     use crate::frontier::Frontier;
@@ -359,6 +439,67 @@ mod tests {
         let runs: Vec<(u64, u64, (usize, usize))> =
             writes.iter().map(|w| (w.chunk, w.offset, w.range)).collect();
         assert_eq!(runs, [(0, 2, (0, 8)), (1, 0, (8, 18))]);
+    }
+
+    /// The one-step plan of a run of same-size raw records against [`plan`] placing them one
+    /// by one: the same entries, the same single write and frontier when the run fits the
+    /// chunk; no plan (the caller falls back) when it would cross a chunk end or the last one.
+    #[test]
+    fn a_fixed_size_run_is_placed_as_one_by_one() {
+        let mut state = 99u64;
+        let mut next = |below: u64| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) % below
+        };
+        let (mut fitted, mut refused) = (0, 0);
+        for _ in 0..3000 {
+            let capacity = 1 + next(200);
+            let size = 1 + next(capacity);
+            let start = next(capacity);
+            // Up to a little more than the rest of the chunk holds.
+            let n = 1 + next((capacity - start) / size + 2);
+            let chunk = if next(8) == 0 { MAX_CHUNKS - 1 + next(2) } else { next(3) };
+            let skip = next(5) as usize; // bytes of the caller's buffer before the first record
+            let lengths = vec![size as usize; n as usize];
+            let mut records = raw(&lengths);
+            for r in &mut records {
+                r.src = (r.src.0 + skip, r.src.1 + skip);
+                r.stored = r.src;
+            }
+            let range = (skip, skip + (n * size) as usize);
+            let mut one = Frontier::new(chunk, start, capacity);
+            let mut each = Frontier::new(chunk, start, capacity);
+            let fits = start + n * size <= capacity && chunk < MAX_CHUNKS;
+            if let Some((entries, write)) = plan_fixed(&mut one, n, size, range) {
+                assert!(fits);
+                fitted += 1;
+                let (want, writes) = plan(&records, &mut each).unwrap();
+                assert_eq!(bytemuck::cast_slice::<_, u8>(&entries), bytemuck::cast_slice(&want));
+                assert_eq!(writes.len(), 1);
+                let w = &writes[0];
+                assert_eq!((write.chunk, write.offset, write.range), (w.chunk, w.offset, w.range));
+                assert_eq!(one.at(), each.at());
+            } else {
+                assert!(!fits, "a run that fits was refused");
+                refused += 1;
+                assert_eq!(one.at(), (chunk, start), "a refused run moved the frontier");
+            }
+        }
+        assert!(fitted > 500 && refused > 500, "{fitted} fitted, {refused} refused");
+    }
+
+    #[test]
+    fn fixed_sizes_are_recognised_exactly() {
+        assert_eq!(fixed_size(24, &[0, 8, 16]), Some((0, 8)));
+        assert_eq!(fixed_size(27, &[3, 11, 19]), Some((3, 8)));
+        assert_eq!(fixed_size(24, &[0, 8, 17]), None, "the last record is shorter");
+        assert_eq!(fixed_size(24, &[0, 9, 16]), None);
+        assert_eq!(fixed_size(8, &[8]), None, "empty records go the general way");
+        assert_eq!(fixed_size(8, &[9]), None, "past the end");
+        assert_eq!(fixed_size(8, &[]), None);
+        assert_eq!(fixed_size(8, &[u64::MAX - 2, 0]), None);
+        assert_eq!(fixed_size(2 << 20, &[0, 1 << 20]), Some((0, 1 << 20)));
+        assert_eq!(fixed_size((2 << 20) + 2, &[0, (1 << 20) + 1]), None, "over the limit");
     }
 
     #[test]

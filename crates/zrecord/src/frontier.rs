@@ -45,6 +45,16 @@ impl Frontier {
         }
         Some(at)
     }
+
+    /// Places a run of `len > 0` bytes only where all of it fits behind the frontier in its
+    /// chunk, with no move to the next chunk first: then the run lands where placing its
+    /// records one by one would put them, back to back (`append.rs`, `plan_fixed`).
+    pub fn place_run(&mut self, len: u64) -> Option<(u64, u64)> {
+        if len == 0 || self.chunk >= MAX_CHUNKS || self.offset + len > self.capacity {
+            return None;
+        }
+        self.place(len)
+    }
 }
 
 #[cfg(test)]
