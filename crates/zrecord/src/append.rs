@@ -261,7 +261,6 @@ impl Store {
         run_balanced(&mut slots, src.len() * 8, |block| -> Result<()> {
             let mut encoder = Encoder::new(dict, with_sums);
             for (records, seg) in block.iter_mut() {
-                let out = if codec == Codec::Raw { Vec::new() } else { self.out_bufs.take() };
                 *seg = Some(segments::compress(
                     &mut encoder,
                     src,
@@ -269,7 +268,7 @@ impl Store {
                     records.clone(),
                     codec,
                     with_sums,
-                    out,
+                    &self.out_bufs,
                 )?);
             }
             Ok(())

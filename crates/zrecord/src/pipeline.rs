@@ -71,7 +71,6 @@ impl Store {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(records) = segs.get(i) else { break };
                 let mut step = || -> Result<()> {
-                    let out = self.out_bufs.take();
                     let seg = segments::compress(
                         &mut encoder,
                         src,
@@ -79,7 +78,7 @@ impl Store {
                         records.clone(),
                         codec,
                         with_sums,
-                        out,
+                        &self.out_bufs,
                     )?;
                     let placed = self.place_ready(&seq, i, seg, (tail_chunk, tail_offset))?;
                     for (seg, writes) in placed {

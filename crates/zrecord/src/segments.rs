@@ -74,8 +74,9 @@ pub fn split(ranges: &[(usize, usize)], threads: usize) -> Vec<Range<usize>> {
     segments
 }
 
-/// Sums (when `with_sums`) and compresses the records `records` of `src` into `out`, which is
-/// grown to the segment's raw size if it is smaller (frames never exceed their records).
+/// Sums (when `with_sums`) and compresses the records `records` of `src` into a buffer taken
+/// from `bufs` (none for a raw append, which only sums), grown to the segment's raw size if it
+/// is smaller (frames never exceed their records).
 pub fn compress(
     encoder: &mut Encoder<'_>,
     src: &[u8],
@@ -83,12 +84,14 @@ pub fn compress(
     records: Range<usize>,
     codec: Codec,
     with_sums: bool,
-    mut out: Vec<u8>,
+    bufs: &OutputBuffers,
 ) -> Result<Segment> {
     let spans = &ranges[records];
     let mut pending = Vec::with_capacity(spans.len());
     let mut sums = Vec::with_capacity(if with_sums { spans.len() } else { 0 });
+    let mut out = Vec::new();
     if codec != Codec::Raw {
+        out = bufs.take();
         let need: usize = spans.iter().map(|&(a, b)| b - a).sum();
         if out.len() < need {
             out.resize(need, 0);
