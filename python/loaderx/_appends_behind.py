@@ -13,64 +13,40 @@ returned, so a conversion that fails in its source can undo what was appended wi
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import threading
 from typing import Any
 
+#: The append thread's name (the executor would number it), as tools and tracebacks show it.
+THREAD_NAME = "loaderx-append"
+
+
+def _name_thread() -> None:
+    threading.current_thread().name = THREAD_NAME
+
 
 class AppendsBehind:
-    """Appends to ``store`` (a :class:`loaderx.zrecord.Zrecord`) on a thread of its own."""
+    """Appends to ``store`` (a :class:`loaderx.zrecord.Zrecord`) on a thread of its own: a
+    one-thread executor and the future of the append under way (once done, the executor drops
+    its reference to the chunk)."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
-        self._cond = threading.Condition()
-        self._job: tuple[Any, Any] | None = None
-        self._busy = False
-        self._closed = False
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="loaderx-append", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._job is None and not self._closed:
-                    self._cond.wait()
-                if self._job is None:
-                    return
-                job, self._job = self._job, None
-            try:
-                if self._error is None:
-                    self._store.append(*job)
-            except BaseException as e:  # handed to the converting thread, which raises it
-                self._error = e
-            finally:
-                del job
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
+        self._pool = cf.ThreadPoolExecutor(1, initializer=_name_thread)
+        self._pending: cf.Future[None] | None = None
 
     def submit(self, src: Any, offsets: Any) -> None:
         """Appends ``src`` (records at ``offsets``) once the previous append is done; raises
         that append's exception if it failed (and then appends nothing more)."""
         self.wait()
-        with self._cond:
-            self._job, self._busy = (src, offsets), True
-            self._cond.notify_all()
+        self._pending = self._pool.submit(self._store.append, src, offsets)
 
     def wait(self) -> None:
         """Waits for the append under way; raises its exception if it failed."""
-        with self._cond:
-            while self._busy:
-                self._cond.wait()
-        if self._error is not None:
-            raise self._error
+        if self._pending is not None:
+            self._pending.result()
 
     def close(self) -> None:
         """Stops the thread after the append under way (whose error is dropped: the caller is
         already failing, or has called :meth:`wait`)."""
-        with self._cond:
-            while self._busy:
-                self._cond.wait()
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join()
+        self._pool.shutdown(wait=True)
