@@ -19,21 +19,13 @@ cd "$ROOT"
 CACHE="${LOADERX_ARM64_CACHE:-$HOME/.cache/loaderx-arm64}"
 SUITE="${LOADERX_ARM64_SUITE:-bookworm}"
 CHROOT="$CACHE/$SUITE"
-DEPS=("numpy>=1.24" "msgpack>=1.0" "pytest>=7" "hypothesis>=6")
-SUBSET=(tests/test_zrecord.py tests/test_sampler.py tests/test_dataset.py tests/test_fixtures.py
-        tests/test_dataloader.py tests/test_process_workers.py)
-
-say() { echo "test_wheel_arm64.sh: $*" >&2; }
-die() { say "$*"; exit 1; }
+NUMPY="numpy>=1.24"
+# shellcheck source=scripts/_wheel_test_common.sh
+source "$ROOT/scripts/_wheel_test_common.sh"
 
 [ "$(id -u)" = 0 ] || die "needs root: it runs chroot and mounts /proc and /dev into the arm64 root"
-wheel="${1:-}"
+wheel="$(pick_wheel "${1:-}" "loaderx-*-cp311-abi3-*manylinux_2_17_aarch64*.whl" aarch64-manylinux2014)"
 [ $# -gt 0 ] && shift
-if [ -z "$wheel" ]; then
-    wheel=$(ls -t dist/loaderx-*-cp311-abi3-*manylinux_2_17_aarch64*.whl 2>/dev/null | head -n 1)
-    [ -n "$wheel" ] || die "no aarch64 wheel in dist/: python3 scripts/build_wheels.py --only aarch64-manylinux2014"
-fi
-[ -f "$wheel" ] || die "$wheel: no such wheel"
 case "$(basename "$wheel")" in *aarch64*) ;; *) die "$wheel is not an aarch64 wheel" ;; esac
 
 # qemu through binfmt_misc: the kernel runs arm64 ELF files with qemu-aarch64 (flag F: the

@@ -21,20 +21,12 @@ cd "$ROOT"
 CACHE="${LOADERX_MUSL_CACHE:-$HOME/.cache/loaderx-musl}"
 PREFIX="$CACHE/cpython-3.11"
 MPY="$PREFIX/bin/python3.11"
-DEPS=("numpy==1.26.4" "msgpack>=1.0" "pytest>=7" "hypothesis>=6")
-SUBSET=(tests/test_zrecord.py tests/test_sampler.py tests/test_dataset.py tests/test_fixtures.py
-        tests/test_dataloader.py tests/test_process_workers.py)
+NUMPY="numpy==1.26.4"
+# shellcheck source=scripts/_wheel_test_common.sh
+source "$ROOT/scripts/_wheel_test_common.sh"
 
-say() { echo "test_wheel_musl.sh: $*" >&2; }
-die() { say "$*"; exit 1; }
-
-wheel="${1:-}"
+wheel="$(pick_wheel "${1:-}" "loaderx-*-cp311-abi3-musllinux_1_2_x86_64.whl" x86_64-musllinux_1_2)"
 [ $# -gt 0 ] && shift
-if [ -z "$wheel" ]; then
-    wheel=$(ls -t dist/loaderx-*-cp311-abi3-musllinux_1_2_x86_64.whl 2>/dev/null | head -n 1)
-    [ -n "$wheel" ] || die "no musl wheel in dist/: python3 scripts/build_wheels.py --only x86_64-musllinux_1_2"
-fi
-[ -f "$wheel" ] || die "$wheel: no such wheel"
 [ "$(uname -m)" = x86_64 ] || die "the musl interpreter is built for this machine: x86-64 only"
 
 # True when the interpreter runs on musl with what pip and the suite need compiled in (its
