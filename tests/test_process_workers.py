@@ -861,7 +861,10 @@ def test_an_interrupted_next_loses_no_step_and_does_not_hang(root, mode, longest
     # Each worker keeps a few segments (its share of the window, two spare): leaked ones
     # would pile up with the interrupts.
     assert all(n <= 8 for n in out["segments"]) and all(n <= 8 for n in out["loans"]), out
-    assert out["grown"] <= 0, out
+    # Descriptors: an interrupt landing between a handled frame's descriptor being popped and
+    # closed leaks that one (the reader's chosen side: never close one twice), and a frame read
+    # ahead holds its own; hundreds of interrupts must not pile them up.
+    assert out["grown"] <= 2, out
 
 
 CLOSED_BY_A_HANDLER = """
