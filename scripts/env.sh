@@ -18,7 +18,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/env.sh -nt 
     "$VPY" -m pip install -q --disable-pip-version-check "maturin>=1.7,<2" "numpy>=1.24" "msgpack>=1.0" \
         "pytest>=7" "hypothesis>=6" "mypy>=1.10" "ruff>=0.6" "Pillow>=9" \
         "pyarrow>=18" "pandas>=2" "polars>=1" "dask>=2024.1" "distributed>=2024.1" \
-        "braceexpand>=0.1" "webdataset>=0.2"
+        "braceexpand>=0.1" "webdataset>=0.2" "pyelftools>=0.31"
     touch "$stamp"
 fi
 # Incremental: cargo rebuilds only what changed.
