@@ -140,7 +140,7 @@ def test_readme_keeps_the_setup_commands():
     assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
 
 
-@pytest.mark.parametrize("page", FRONT, ids=_name)
+@pytest.mark.parametrize("page", PAGES, ids=_name)
 def test_pages_speak_of_features_not_issue_numbers(page):
     hits = re.findall(r"\bissue \d+|\bissue #\d+|\(#\d+\)", _prose(page.read_text()), re.I)
     assert not hits, f"{_name(page)} cites {hits}: say what the feature does instead"
