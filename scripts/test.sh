@@ -14,9 +14,8 @@ echo "== ruff (the package, the tests, the scripts)"
 "$ROOT/.venv/bin/ruff" check python tests scripts
 echo "== the x86-64 manylinux2014 wheel, built and checked (tag, libraries, no symbol newer than GLIBC_2.17)"
 wheel_out="$(mktemp -d /tmp/loaderx-ci-wheel.XXXXXX)"
-"$PY" "$ROOT/scripts/build_wheels.py" --only x86_64-manylinux2014 --flavour abi3 --no-sdist --out "$wheel_out" \
-    || { rm -rf "$wheel_out"; exit 1; }
-rm -rf "$wheel_out"
+trap 'rm -rf "$wheel_out"' EXIT  # whatever the run's outcome: the wheel is only checked here
+"$PY" "$ROOT/scripts/build_wheels.py" --only x86_64-manylinux2014 --flavour abi3 --no-sdist --out "$wheel_out"
 echo "== mypy (the package) and stubtest (loaderx/_native.pyi against the compiled module)"
 "$VPY" -m mypy
 "$VPY" -m mypy.stubtest loaderx._native

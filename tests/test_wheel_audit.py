@@ -38,9 +38,10 @@ void *PyInit__native(void) { return %s; }
 """
 
 
-def _shared_object(tmp_path: Path, call: str, *flags: str) -> bytes:
+def _shared_object(tmp_path: Path, call: str, *flags: str, source: str | None = None) -> bytes:
+    """``source`` (default: the module stand-in calling ``call``) compiled and read."""
     src = tmp_path / "m.c"
-    src.write_text(_MODULE % call)
+    src.write_text(source if source is not None else _MODULE % call)
     out = tmp_path / "m.so"
     subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(out), str(src), *flags],
                    check=True)
@@ -82,11 +83,8 @@ def test_another_machine_or_libc_fails_the_check(host_x86):
 
 
 def test_an_object_without_the_module_init_fails_the_check(host_x86):
-    src = host_x86 / "n.c"
-    src.write_text("int other(void) { return 1; }\n")
-    out = host_x86 / "n.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
-    problems = wheel_audit.check_elf(out.read_bytes(), X86_GLIBC)
+    data = _shared_object(host_x86, "", source="int other(void) { return 1; }\n")
+    problems = wheel_audit.check_elf(data, X86_GLIBC)
     assert any("exports no PyInit__native" in p for p in problems), problems
 
 
