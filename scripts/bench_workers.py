@@ -44,8 +44,11 @@ per batch, what a batch costs whatever the load from elsewhere. Tables:
   processes by ``fork``, by ``forkserver`` with the first ``next()`` at once after making the
   loader (the server's import of torch in the way), by ``forkserver`` with 5 s between making
   the loader and the first ``next()`` (the time a script takes to build its model: the server,
-  started as the loader is made, imports meanwhile), and a second loader in the same process
-  (the server running already, as for every ``epoch()`` pass).
+  started as the loader is made, imports meanwhile), a second loader in the same process
+  (the server running already); the next pass: torch's second epoch (workers started again,
+  its default, and with ``persistent_workers=True``) against loaderx's second ``epoch()``
+  (the workers the first pass left idle take the job); and the ceiling of any server started
+  from a clean interpreter -- importing the transform's module once, and the PSS it leaves.
 
 ``--quick`` runs everything once with few batches: a smoke check, not figures.
 """
@@ -536,16 +539,27 @@ def pss_mib(pids: list[int]) -> float:
 
 def startup_run(root: pathlib.Path, row: str) -> dict[str, Any]:
     """One row of the start-up table, in this (fresh) interpreter."""
+    if row == IMPORT_CEILING:
+        # The floor of any server or worker started from a clean interpreter: importing what
+        # the transform's module imports, once, and the PSS that leaves.
+        t0 = time.perf_counter()
+        import _bench_vision
+
+        return {"first_s": time.perf_counter() - t0, "pss_mib": pss_mib([os.getpid()])}
     import torch
 
     import _bench_vision
 
     torch.set_num_threads(1)
-    if row == "torch":
+    if row.startswith("torch"):
         from torch.utils.data import DataLoader as TorchLoader
 
         loader = TorchLoader(_bench_vision.Items(str(root)), batch_size=TV_BATCH,
-                             shuffle=True, num_workers=PROCS)
+                             shuffle=True, num_workers=PROCS,
+                             persistent_workers=row == "torch, next epoch, persistent")
+        if "next epoch" in row:
+            for _ in loader:  # the first epoch, whole; the second is timed
+                pass
         t0 = time.perf_counter()
         it = iter(loader)
         next(it)
@@ -568,6 +582,20 @@ def startup_run(root: pathlib.Path, row: str) -> dict[str, Any]:
         with DataLoader(streams(), batch_size=TV_BATCH, num_workers=PROCS, worker_mode="process",
                         transform=_bench_vision.augment) as first_loader:
             next(first_loader)
+    if row == "forkserver, next epoch()":
+        with DataLoader(streams(), batch_size=TV_BATCH, num_workers=PROCS,
+                        worker_mode="process", transform=_bench_vision.augment) as loader:
+            for _ in loader.epoch():  # the first pass, whole; the second is timed
+                pass
+            t0 = time.perf_counter()
+            again = loader.epoch()
+            next(again)
+            first = time.perf_counter() - t0
+            for _ in range(10):
+                next(again)
+            server: Any = forkserver._forkserver  # private, but in every 3.x
+            pids = [os.getpid(), *again._pipe.worker_pids, server._forkserver_pid]
+            return {"first_s": first, "pss_mib": pss_mib([p for p in pids if p])}
     t0 = time.perf_counter()
     loader = DataLoader(streams(), batch_size=TV_BATCH, num_workers=PROCS, worker_mode="process",
                         start_method=method, transform=_bench_vision.augment)
@@ -578,7 +606,7 @@ def startup_run(root: pathlib.Path, row: str) -> dict[str, Any]:
     first = time.perf_counter() - t0
     for _ in range(10):
         next(loader)
-    server: Any = forkserver._forkserver  # private, but in every 3.x
+    server = forkserver._forkserver
     pids = [os.getpid(), *loader.worker_pids]
     if loader.start_method == "forkserver" and server._forkserver_pid:
         pids.append(server._forkserver_pid)
@@ -588,7 +616,10 @@ def startup_run(root: pathlib.Path, row: str) -> dict[str, Any]:
 
 
 STARTUP_ROWS = ("torch", "fork", "forkserver, at once", "forkserver, 5 s later",
-                "forkserver, second loader")
+                "forkserver, second loader", "torch, next epoch", "torch, next epoch, persistent",
+                "forkserver, next epoch()")
+#: Not a loader: a fresh interpreter importing the transform's module (torch, torchvision).
+IMPORT_CEILING = "ceiling: a fresh interpreter imports the transform's module"
 
 
 def startup_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
@@ -597,20 +628,21 @@ def startup_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
         return
     if not (root / "tv-image").exists():
         make_tv_data(root)
-    got: dict[str, list[dict[str, Any]]] = {row: [] for row in STARTUP_ROWS}
+    rows = (*STARTUP_ROWS, IMPORT_CEILING)
+    got: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
     for _ in range(repeats):
-        for row in STARTUP_ROWS:
+        for row in rows:
             r = subprocess.run([sys.executable, str(SCRIPTS / "bench_workers.py"), "--startup",
                                 str(root), row], capture_output=True, text=True, check=True)
             got[row].append(json.loads(r.stdout.strip().splitlines()[-1]))
-    first = {row: statistics.median(g["first_s"] for g in got[row]) for row in STARTUP_ROWS}
-    memory = {row: statistics.median(g["pss_mib"] for g in got[row]) for row in STARTUP_ROWS}
+    first = {row: statistics.median(g["first_s"] for g in got[row]) for row in rows}
+    memory = {row: statistics.median(g["pss_mib"] for g in got[row]) for row in rows}
     print(f"\n### Start-up with a torchvision transform ({PROCS} worker processes, batch "
           f"{TV_BATCH}; medians of {repeats}, rows interleaved, each in a fresh interpreter)\n")
     print(common.head("loader", "first batch s", "vs torch", "PSS MiB (all its processes)",
                       "vs fork", align="-rrrr"))
-    for row in STARTUP_ROWS:
-        name = row if row == "torch" else f"loaderx, {row}"
+    for row in rows:
+        name = row if row.startswith(("torch", "ceiling")) else f"loaderx, {row}"
         print(common.row(name, f"{first[row]:.2f}", f"{first[row] / first['torch']:.1f}x",
                          f"{memory[row]:,.0f}", f"{memory[row] / memory['fork']:.2f}x"))
 

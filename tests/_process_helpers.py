@@ -331,3 +331,8 @@ def global_draws(batch: dict[str, Any]) -> dict[str, Any]:
 
     return {"y": batch["y"], "pid": os.getpid(), "random": random.random(),
             "np": float(np.random.random()), "torch": float(torch.rand(1))}
+
+
+def numpy_draws(batch: dict[str, Any]) -> dict[str, Any]:
+    """Who built the batch, and a draw from its process-global NumPy generator (no torch)."""
+    return {"y": batch["y"], "pid": os.getpid(), "np": float(np.random.random())}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import itertools
 import json
 import os
 import pathlib
@@ -1284,3 +1285,108 @@ def test_auto_start_method_for_a_lambda(root):
     """, str(root))
     assert out["method"] == "fork" and out["same"], out
     assert out["threaded"] != "no error" and "start_method" in out["threaded"], out
+
+
+# -- workers kept between passes ----------------------------------------------------------------
+
+
+def _pass_draws(loader: DataLoader, pass_id: int) -> tuple[list[Any], dict[int, Any]]:
+    """A pass's labels in order, and each worker's first draw from np.random in it."""
+    labels, first = [], {}
+    for batch in loader.epoch(pass_id=pass_id):
+        labels.append(batch["y"].tobytes())
+        first.setdefault(batch["pid"], batch["np"])
+    return labels, first
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_finished_pass_leaves_its_workers_to_the_next(root, method):
+    """The next epoch() runs on the workers the last one finished with, reseeded as fresh
+    workers of that pass would be (so the same pass_id draws the same first numbers), and
+    gives the batches a fresh set gives."""
+    with DataLoader(dense(root), batch_size=BATCH, num_workers=0) as threads:
+        want = [b["y"].tobytes() for b in threads.epoch()]
+    with process(dense(root), transform=helpers.numpy_draws, start_method=method) as loader:
+        labels, first = _pass_draws(loader, 0)
+        assert labels == want
+        kept = loader._parking.parked_pids
+        assert sorted(kept) == sorted(first), "the finished pass's workers are parked"
+        again, first_again = _pass_draws(loader, 0)
+        assert again == want
+        assert sorted(first_again) == sorted(first), "the second pass ran on the same workers"
+        assert first_again == first, "reseeded: each worker's stream starts over"
+        other, first_other = _pass_draws(loader, 1)
+        assert other == want and sorted(first_other) == sorted(first)
+        assert not set(first_other.values()) & set(first.values()), "pass 1: other streams"
+    assert_reaped(kept)
+
+
+def test_an_abandoned_or_forked_pass_keeps_no_workers(root):
+    """A pass left half way ends its workers (a step may be in flight); so does a forked
+    one (its job was inherited, never pickled); the next pass starts fresh ones."""
+    with process(dense(root), transform=helpers.numpy_draws, start_method="forkserver") as lx:
+        half = lx.epoch()
+        next(half)
+        pids = {next(half)["pid"]} | set(half._pipe.worker_pids)
+        half.close()
+        assert lx._parking.parked_pids == []
+        assert_reaped(sorted(pids))
+        fresh = {b["pid"] for b in lx.epoch()}
+        assert not fresh & pids
+    with process(dense(root), start_method="fork") as forked:
+        assert len(list(forked.epoch())) == 11
+        assert forked._parking.parked_pids == []
+
+
+def test_parked_workers_end_with_the_loader_and_a_dead_one_is_replaced(root):
+    """Closing or dropping the loader reaps the parked workers; one killed while parked makes
+    the next pass start a whole fresh set, with no error."""
+    loader = process(dense(root), transform=helpers.numpy_draws, start_method="forkserver")
+    assert len(list(loader.epoch())) == 11
+    parked = loader._parking.parked_pids
+    assert len(parked) == 2
+    os.kill(parked[0], signal.SIGKILL)
+    helpers.wait_until(lambda: helpers.state_of(parked[0]) in (None, "Z"), "the kill")
+    pids = {b["pid"] for b in loader.epoch()}
+    assert not pids & set(parked)
+    assert_reaped(parked)
+    now = loader._parking.parked_pids
+    assert sorted(now) == sorted(pids)
+    loader.close()
+    assert_reaped(now)
+    dropped = process(dense(root), transform=helpers.numpy_draws, start_method="forkserver")
+    assert len(list(dropped.epoch())) == 11
+    gone = dropped._parking.parked_pids
+    del dropped
+    gc.collect()
+    assert_reaped(gone)
+
+
+def test_batches_held_from_a_finished_pass_stay_intact_in_the_next(root):
+    """A reused worker keeps the segments of batches the consumer still holds out of reach:
+    the first pass's arrays read the same after the second pass ran on the same workers."""
+    with process(dense(root), transform=helpers.numpy_draws, start_method="forkserver") as lx:
+        held = list(lx.epoch())
+        before = [frozen(b) for b in held]
+        assert len(list(lx.epoch())) == 11
+        assert [frozen(b) for b in held] == before
+
+
+def test_the_endless_stream_takes_over_a_finished_pass_s_workers(root):
+    """After a finished epoch() the loader's own stream runs on the parked workers, with the
+    batches a fresh loader gives, each worker's generator seeded as a fresh one's."""
+    def run(loader: DataLoader) -> tuple[list[bytes], list[float], set[int]]:
+        labels, first = [], {}
+        for b in itertools.islice(loader, 8):
+            labels.append(b["y"].tobytes())
+            first.setdefault(b["pid"], b["np"])
+        return labels, sorted(first.values()), set(first)
+
+    with process(dense(root), transform=helpers.numpy_draws, start_method="spawn") as fresh:
+        want_labels, want_first, _ = run(fresh)
+    with process(dense(root), transform=helpers.numpy_draws, start_method="spawn") as loader:
+        assert len(list(loader.epoch())) == 11
+        parked = loader._parking.parked_pids
+        labels, first, pids = run(loader)
+        assert pids == set(parked) and loader._parking.parked_pids == []
+        assert labels == want_labels and first == want_first

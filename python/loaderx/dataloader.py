@@ -166,7 +166,7 @@ from loaderx.sampler import (
     _u64,
     normalize_seed,
 )
-from loaderx.workers import ProcessPipeline, default_workers
+from loaderx.workers import Parking, ProcessPipeline, default_workers, parking
 from loaderx.workers.start import METHODS
 
 #: What a loader stream may be: anything that implements :class:`loaderx.source.DenseSource`
@@ -333,13 +333,15 @@ class DataLoader:
         self._readahead = ahead
         index, count, rows = self._shard
         self._positions = np.arange(index * rows, (index + 1) * rows, dtype=np.int64)
+        # The worker processes a pass that ran to its end leaves for the next pass.
+        self._parking = parking()
         self._pipe = self._pipeline(
             EndlessRows(self._sampler, self._positions, self._cannot_sample()),
             self._job(transform, None), _u64(start_step, "start_step", 0), rows, ahead, None,
             None, None)
         # Stops the threads when the loader is dropped, and at interpreter exit (finalize's
         # atexit hook), so no prefetch thread is inside a gather while the interpreter ends.
-        self._finalizer = weakref.finalize(self, self._pipe.stop)
+        self._finalizer = weakref.finalize(self, _stop_all, self._pipe, self._parking)
         # Prefetchers holding batches taken ahead of the training loop (loaderx.prefetch, e.g.
         # prefetch_to_device): state_dict() points at the first batch they have not handed on,
         # and seek() makes them drop what they hold.
@@ -358,7 +360,7 @@ class DataLoader:
             entropy = (normalize_seed(self._seed), kind, pass_number, start_step, index)
             return ProcessPipeline(self._streams, rows_of, job, mask_key, start_step,
                                    self._num_workers, self._prefetch, readahead, steps,
-                                   self._start_method, entropy, self._stats)
+                                   self._start_method, entropy, self._stats, self._parking)
         builder = Builder(self._streams, rows_of, job, self._num_workers, mask_key)
         return _Pipeline(builder, start_step, self._num_workers, self._prefetch, rows,
                          readahead, steps, self._stats)
@@ -600,9 +602,10 @@ class DataLoader:
         still inside a transform then ends on its own, its batch discarded); the datasets stay
         open. Closing twice is harmless; closing from another thread while a ``num_workers=0``
         ``next()`` builds a batch returns at once, and that ``next()`` raises
-        ``LoaderClosedError`` when its transform returns. Worker processes are told to leave,
-        given the same second, then killed, and reaped either way."""
-        self._pipe.stop()
+        ``LoaderClosedError`` when its transform returns. Worker processes (those kept idle
+        between passes too) are told to leave, given the same second, then killed, and reaped
+        either way."""
+        _stop_all(self._pipe, self._parking)
 
     def __enter__(self) -> DataLoader:
         return self
@@ -709,7 +712,8 @@ class Pass:
             return self._pipe.next()
         except StopIteration:
             self._done = True  # an exhausted iterator stays exhausted
-            self._pipe.stop()
+            # Worker processes, idle now, wait for the loader's next pass (workers/parking.py).
+            self._pipe.finish()
             raise
 
     @property
@@ -738,6 +742,12 @@ class Pass:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _stop_all(pipe: Any, parking: Parking) -> None:
+    """Stops the endless pipeline and ends the worker processes parked between passes."""
+    pipe.stop()
+    parking.close()
 
 
 def _snapshot(pipe: Any, mode: str, workers: int) -> LoaderStats:
@@ -867,6 +877,10 @@ class _Pipeline(Window):
             t = threading.Thread(target=self._work, name=f"loaderx-prefetch-{i}", daemon=True)
             t.start()
             self.threads.append(t)
+
+    def finish(self) -> None:
+        """A pass ran to its end: its threads stop (nothing of them is kept for later)."""
+        self.stop()
 
     def stop(self) -> None:
         # Held already: this close() runs inside this thread's own critical section further

@@ -14,10 +14,12 @@ the consumer has dropped every array of the batches in it.
   and back;
 * :mod:`loaderx.workers.start` -- the start method (fork, forkserver, spawn) and the count;
 * :mod:`loaderx.workers.worker` -- the worker process's loop;
-* :mod:`loaderx.workers.pipeline` -- the consumer's side: dispatch, order, errors, shutdown.
+* :mod:`loaderx.workers.pipeline` -- the consumer's side: dispatch, order, errors, shutdown;
+* :mod:`loaderx.workers.parking` -- idle workers kept from one finished pass for the next.
 """
 
-from loaderx.workers.pipeline import ProcessPipeline
+from loaderx.workers.parking import Parking
+from loaderx.workers.pipeline import ProcessPipeline, parking
 from loaderx.workers.start import default_workers
 
-__all__ = ["ProcessPipeline", "default_workers"]
+__all__ = ["Parking", "ProcessPipeline", "default_workers", "parking"]

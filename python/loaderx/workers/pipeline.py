@@ -54,8 +54,9 @@ from loaderx.errors import LoaderClosedError, RemoteTraceback, WorkerError
 from loaderx.workers import channel, server_preload, start, worker
 from loaderx.workers.layout import Loan, Maps, decode, decode_flat
 from loaderx.workers.mapping import Mapping
+from loaderx.workers.parking import Parking
 
-__all__ = ["ProcessPipeline"]
+__all__ = ["ProcessPipeline", "end_workers", "parking"]
 
 #: close() waits this long in all for the workers to leave on their own, then kills them.
 _JOIN_SECONDS = 1.0
@@ -154,8 +155,13 @@ class ProcessPipeline(Window):
     def __init__(self, streams: dict[str, Any], rows_of: Any, job: Any, mask_key: str | None,
                  start_step: int, workers: int, prefetch: int, readahead: int,
                  steps: int | None, start_method: str | None,
-                 entropy: tuple[int, ...] = (), stats: bool = False) -> None:
+                 entropy: tuple[int, ...] = (), stats: bool = False,
+                 parking: Parking | None = None) -> None:
         super().__init__(start_step, steps)
+        # Where a pass that ran to its end leaves its idle workers, and the next one finds
+        # them (see finish(); None: the workers end with the pipeline).
+        self.parking = parking
+        self.pickled = False  # whether the workers got the job pickled (only such are parked)
         self.entropy = entropy  # with a worker's index: what it seeds its global generators by
         self.count = workers
         self.window = prefetch + workers
@@ -284,6 +290,9 @@ class ProcessPipeline(Window):
 
     def _start(self) -> None:
         method, payload = start.choose(self.requested, self.job, self.transform)
+        self.pickled = payload is not None
+        if payload is not None and self.parking is not None and self._reuse(method, payload):
+            return
         context: Any = multiprocessing.get_context(method)
         if method == "forkserver":
             _preload_forkserver(context, self.transform)
@@ -319,6 +328,30 @@ class ProcessPipeline(Window):
             raise
         self.start_method = method
         self.started = True
+
+    def _reuse(self, method: str, payload: bytes) -> bool:
+        """Takes the workers a finished pass of the same loader parked, if any, and sends
+        them this pipeline's job; False when there are none (or one died meanwhile: then
+        they are all reaped and a fresh set starts)."""
+        workers = self.parking.take(method, self.count) if self.parking is not None else None
+        if workers is None:
+            return False
+        try:
+            self.workers = workers  # from here on reaped with the pipeline, whatever happens
+            for w in workers:
+                self.poller.register(w.fd, select.EPOLLIN)
+                self.poller.register(w.sentinel, select.EPOLLIN)
+            for w in workers:
+                w.sock.sendall(channel.frame_bytes(("job", payload, (*self.entropy, w.index))))
+        except OSError:  # a worker went away between the check and the send
+            self._reap()
+            return False
+        except BaseException:
+            self._reap()
+            raise
+        self.start_method = method
+        self.started = True
+        return True
 
     # -- handing out steps ---------------------------------------------------------------------
 
@@ -588,15 +621,73 @@ class ProcessPipeline(Window):
         workers, self.workers = self.workers, []
         for w in workers:
             self._unwatch(w)
-            w.reader.close()
-        deadline = time.monotonic() + _JOIN_SECONDS
-        for w in workers:
-            w.process.join(max(0.0, deadline - time.monotonic()))
-        for w in workers:
-            if w.process.exitcode is None:
-                w.process.kill()
-                w.process.join()
-            w.process.close()
+        end_workers(workers)
+
+    def finish(self) -> None:
+        """Stops the pipeline of a pass that ran to its end: its workers, idle now, are
+        parked for the loader's next pass when that is safe (:mod:`loaderx.workers.parking`),
+        and reaped otherwise, as :meth:`stop` does."""
+        if self.parking is None or self.closed or self.pid != os.getpid():
+            self.stop()
+            return
+        with self.cond:
+            if self.closed or self.pumper is not None or not self._idle():
+                parked = None  # stopped as stop() stops it
+            else:
+                self.closed = True
+                self.ready.clear()
+                for w in self.workers:
+                    self._unwatch(w)
+                parked = self.parking.put(self.start_method or "", self.workers)
+                if parked:
+                    self.workers = []  # the parking's now
+        if parked is None:
+            self.stop()
+        elif parked:
+            self._close_waiting()
+        else:
+            self._shutdown()  # closed already: reaps them, closes the wake-up pipe
+
+    def _idle(self) -> bool:
+        """Whether every worker is alive, got its job pickled, and holds nothing: no step
+        sent and unanswered, no reply half read, no send half recorded."""
+        return (self.started and self.pickled and self.fatal is None and not self.interrupted
+                and bool(self.workers)
+                and all(w.dead is None and not w.pending and w.outbox is None
+                        and not w.reader.backlog() and not w.reader.buf and not w.reader.fds
+                        and not w.reader.closing and w.process.exitcode is None
+                        for w in self.workers))
+
+
+def parking() -> Parking:
+    """Where a loader's finished passes leave their idle workers (one per DataLoader)."""
+    return Parking(end_workers, _still_idle)
+
+
+def _still_idle(w: _Worker) -> bool:
+    """Whether parked worker ``w`` can take a job: alive, and its socket neither closed nor
+    carrying anything (an idle worker sends nothing; a dead one's end is closed by the kernel
+    as it exits, before anyone can read its exit status)."""
+    if w.process.exitcode is not None:
+        return False
+    probe = select.poll()
+    probe.register(w.fd, select.POLLIN)
+    return not probe.poll(0)
+
+
+def end_workers(workers: list[_Worker]) -> None:
+    """Closes the sockets of ``workers`` (each then leaves), reaps them, and kills those that
+    do not leave within the deadline."""
+    for w in workers:
+        w.reader.close()
+    deadline = time.monotonic() + _JOIN_SECONDS
+    for w in workers:
+        w.process.join(max(0.0, deadline - time.monotonic()))
+    for w in workers:
+        if w.process.exitcode is None:
+            w.process.kill()
+            w.process.join()
+        w.process.close()
 
 
 def _pids(pipeline: weakref.ref[ProcessPipeline]) -> list[int]:

@@ -3,7 +3,9 @@ the arrays lie.
 
 Messages from the consumer: ``("task", generation, step, ahead_start, ahead_stop, returned)``
 -- build ``step``, start the reads of steps ``ahead_start:ahead_stop`` when the streams go to
-the disk, and take back the segments ``returned`` (the consumer dropped their batches).
+the disk, and take back the segments ``returned`` (the consumer dropped their batches); and
+``("job", pickled, entropy)`` -- another pass of the loader took this idle worker over
+(:mod:`loaderx.workers.parking`): build its batches from now on, the generators reseeded.
 Replies: ``("batch", generation, step, skeleton, lent, fresh, retired, times)`` with the new
 segments' descriptors -- ``("flat", generation, step, keys, refs, lent, fresh, retired,
 times)`` for a dict of arrays, the common case, in plain tuples -- or
@@ -72,15 +74,7 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int],
         # otherwise write to (and so copy) every page that holds one.
         gc.freeze()
     try:
-        if isinstance(job, bytes):
-            job = pickle.loads(job)
-        seeds = GlobalSeeds(entropy)
-        streams, rows_of, work, mask_key, workers, keep, steps, timed = job
-        torch = sys.modules.get("torch")
-        if torch is not None:  # as torch's own workers: one intra-op thread per worker
-            torch.set_num_threads(1)
-        seeds.seed()
-        builder = Builder(streams, rows_of, work, workers, mask_key)
+        builder, keep, steps, clock = _set_up(job, entropy)
     except BaseException as e:  # e.g. a transform this interpreter cannot import
         try:
             channel.send(sock, _failure(-1, -1, e))
@@ -90,7 +84,6 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int],
     arena = Arena(keep)
     inbox = channel.Inbox(sock)
     held = b""  # a reply kept back to go with the next one (see _HOLD_SECONDS)
-    clock = Clock(None, None) if timed else None  # statistics: this worker's timings
     ns = time.perf_counter_ns
     sent = 0  # how long the last send took
     try:
@@ -101,6 +94,16 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int],
             except (channel.Closed, OSError):
                 return
             idle = ns() - waiting
+            if message[0] == "job":
+                # The loader's next pass took this worker over (loaderx.workers.parking): its
+                # job replaces the last one; the segments stay, lent ones too.
+                try:
+                    builder, _, steps, clock = _set_up(message[1], message[2])
+                except BaseException as e:
+                    channel.send(sock, _failure(-1, -1, e))
+                    return
+                sent = 0
+                continue
             _, generation, step, ahead_start, ahead_stop, returned = message
             arena.returned(returned)
             if ahead_stop > ahead_start and builder.going_to_disk():
@@ -134,6 +137,23 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int],
         sock.close()
 
 
+def _set_up(job: Any, entropy: tuple[int, ...]) -> tuple[Builder, int, int | None,
+                                                         Clock | None]:
+    """The batch builder of ``job`` (pickled, or inherited by a forked worker), with the
+    process-global generators seeded from ``entropy``; and the job's segment count, step
+    count and, with statistics, the clock."""
+    if isinstance(job, bytes):
+        job = pickle.loads(job)
+    seeds = GlobalSeeds(entropy)
+    streams, rows_of, work, mask_key, workers, keep, steps, timed = job
+    torch = sys.modules.get("torch")
+    if torch is not None:  # as torch's own workers: one intra-op thread per worker
+        torch.set_num_threads(1)
+    seeds.seed()
+    builder = Builder(streams, rows_of, work, workers, mask_key)
+    return builder, keep, steps, Clock(None, None) if timed else None
+
+
 class GlobalSeeds:
     """Seeds this worker's process-global generators -- Python's ``random``, NumPy's legacy
     ``np.random``, and torch's default generator -- from ``entropy`` (the loader's seed, pass,
@@ -161,7 +181,8 @@ class GlobalSeeds:
         torch = sys.modules.get("torch")
         if torch is not None and hasattr(torch, "manual_seed"):
             self.seed_torch(torch)
-        else:
+        else:  # (a worker taken over by another pass replaces the hook its last one left)
+            sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _SeedTorchOnImport)]
             sys.meta_path.insert(0, _SeedTorchOnImport(self))
 
     def seed_torch(self, torch: Any) -> None:
