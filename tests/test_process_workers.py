@@ -1345,8 +1345,7 @@ def test_parked_workers_end_with_the_loader_and_a_dead_one_is_replaced(root):
     assert len(list(loader.epoch())) == 11
     parked = loader._parking.parked_pids
     assert len(parked) == 2
-    os.kill(parked[0], signal.SIGKILL)
-    helpers.wait_until(lambda: helpers.state_of(parked[0]) in (None, "Z"), "the kill")
+    os.kill(parked[0], signal.SIGKILL)  # the next pass may find it still exiting
     pids = {b["pid"] for b in loader.epoch()}
     assert not pids & set(parked)
     assert_reaped(parked)

@@ -60,6 +60,10 @@ __all__ = ["ProcessPipeline", "end_workers", "parking"]
 
 #: close() waits this long in all for the workers to leave on their own, then kills them.
 _JOIN_SECONDS = 1.0
+
+#: How long workers taken over from a finished pass may take to answer their new job (they
+#: unpickle it and open its streams: milliseconds) before a fresh set starts instead.
+_READY_SECONDS = 10.0
 #: The steps to read ahead when readahead is off.
 _NOTHING = range(0)
 
@@ -343,12 +347,15 @@ class ProcessPipeline(Window):
                 self.poller.register(w.sentinel, select.EPOLLIN)
             for w in workers:
                 w.sock.sendall(channel.frame_bytes(("job", payload, (*self.entropy, w.index))))
+            ready = _all_ready(workers)
         except OSError:  # a worker went away between the check and the send
-            self._reap()
-            return False
+            ready = False
         except BaseException:
             self._reap()
             raise
+        if not ready:
+            self._reap()
+            return False
         self.start_method = method
         self.started = True
         return True
@@ -662,6 +669,40 @@ class ProcessPipeline(Window):
 def parking() -> Parking:
     """Where a loader's finished passes leave their idle workers (one per DataLoader)."""
     return Parking(end_workers, _still_idle)
+
+
+def _all_ready(workers: list[_Worker]) -> bool:
+    """Waits until every worker of a reused set answers its new job with ``("ready",)``;
+    False, at once, if one dies or answers otherwise (its job failed), or if they do not all
+    answer within ``_READY_SECONDS``. Parked workers are checked before, but a death in the
+    last milliseconds is not seen there: the kernel releases a killed process's socket a
+    little after its threads end."""
+    deadline = time.monotonic() + _READY_SECONDS
+    waiting = {w.fd: w for w in workers}
+    sentinels = {w.sentinel for w in workers}
+    probe = select.poll()
+    for w in workers:
+        probe.register(w.fd, select.POLLIN)
+        probe.register(w.sentinel, select.POLLIN)
+    while waiting:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        for fd, events in probe.poll(left * 1000):
+            one = waiting.get(fd)
+            if fd in sentinels or one is None or events & (select.POLLHUP | select.POLLERR):
+                return False  # a death, or a second message from one that answered
+            one.reader.fill()
+            frame = one.reader.frame()
+            if frame is None:
+                continue  # (a part of the answer)
+            message, fds, end = frame
+            del one.reader.buf[:end]
+            if fds or message != ("ready",):
+                return False
+            del waiting[fd]
+            probe.unregister(fd)
+    return True
 
 
 def _still_idle(w: _Worker) -> bool:

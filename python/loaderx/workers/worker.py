@@ -5,7 +5,8 @@ Messages from the consumer: ``("task", generation, step, ahead_start, ahead_stop
 -- build ``step``, start the reads of steps ``ahead_start:ahead_stop`` when the streams go to
 the disk, and take back the segments ``returned`` (the consumer dropped their batches); and
 ``("job", pickled, entropy)`` -- another pass of the loader took this idle worker over
-(:mod:`loaderx.workers.parking`): build its batches from now on, the generators reseeded.
+(:mod:`loaderx.workers.parking`): build its batches from now on, the generators reseeded,
+answered by ``("ready",)``.
 Replies: ``("batch", generation, step, skeleton, lent, fresh, retired, times)`` with the new
 segments' descriptors -- ``("flat", generation, step, keys, refs, lent, fresh, retired,
 times)`` for a dict of arrays, the common case, in plain tuples -- or
@@ -102,6 +103,7 @@ def main(sock: socket.socket, job: Any, forked: bool, close_fds: list[int],
                 except BaseException as e:
                     channel.send(sock, _failure(-1, -1, e))
                     return
+                channel.send(sock, ("ready",))  # the consumer waits for it (see _reuse)
                 sent = 0
                 continue
             _, generation, step, ahead_start, ahead_stop, returned = message
