@@ -28,11 +28,13 @@ batch that the ratio above measures within noise.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import statistics
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -65,11 +67,27 @@ def streams(root: pathlib.Path, kind: str) -> dict:
     return {"data": DenseDataset(root / f"data-{kind}"), "label": DenseDataset(root / "label")}
 
 
+def cpu_seconds(loader: Any) -> float:
+    """CPU seconds so far of this process (every thread) and of ``loader``'s worker
+    processes."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = time.process_time()
+    for pid in loader.worker_pids:
+        try:
+            fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total
+
+
 def paired(root: pathlib.Path, kind: str, workers: int, mode: str, windows: int,
-           batches: int) -> dict[bool, list[float]]:
+           batches: int) -> tuple[dict[bool, list[float]], dict[bool, list[float]]]:
     """Seconds per batch of ``windows`` windows of ``batches`` ``next()`` calls each, on two
     loaders alive side by side -- statistics on and off -- taking turns window by window (the
-    order swapped every pair), so that both see the same machine."""
+    order swapped every pair), so that both see the same machine; and the CPU seconds per
+    batch of the same windows (the loader's threads and worker processes, which a busy
+    neighbour slows less than the wall clock)."""
     from loaderx.dataloader import DataLoader
 
     s = streams(root, kind)
@@ -81,14 +99,17 @@ def paired(root: pathlib.Path, kind: str, workers: int, mode: str, windows: int,
             for _ in range(50):
                 next(loader)
         got: dict[bool, list[float]] = {True: [], False: []}
+        cpu: dict[bool, list[float]] = {True: [], False: []}
         for w in range(windows):
             for on in ((True, False) if w % 2 == 0 else (False, True)):
                 loader = loaders[on]
+                c = cpu_seconds(loader)
                 t = time.perf_counter()
                 for _ in range(batches):
                     next(loader)
                 got[on].append((time.perf_counter() - t) / batches)
-        return got
+                cpu[on].append((cpu_seconds(loader) - c) / batches)
+        return got, cpu
     finally:
         for loader in loaders.values():
             loader.close()
@@ -165,16 +186,19 @@ def main(windows: int = 30, batches: int = 200, quick: bool = False) -> None:
         print(f"\n## stats on against stats=False: {windows} windows of {batches} batches each "
               "on two loaders side by side, taking turns (µs per batch)\n")
         print(common.head("row", "on", "off", "on/off", "pairs: range", "min on", "min off",
-                          align="lrrrrrr"))
+                          "CPU on", "CPU off", "CPU on/off", align="lrrrrrrrrr"))
         for name, kind, workers, mode in ROWS:
-            got = paired(root, kind, workers, mode, windows, batches)
+            got, cpu = paired(root, kind, workers, mode, windows, batches)
             on, off = got[True], got[False]
             ratios = common.paired(on, off)
             print(common.row(name, f"{statistics.median(on) * 1e6:.1f}",
                              f"{statistics.median(off) * 1e6:.1f}",
                              f"{statistics.median(ratios):.3f}",
                              f"{min(ratios):.2f}-{max(ratios):.2f}", f"{min(on) * 1e6:.1f}",
-                             f"{min(off) * 1e6:.1f}"))
+                             f"{min(off) * 1e6:.1f}",
+                             f"{statistics.median(cpu[True]) * 1e6:.1f}",
+                             f"{statistics.median(cpu[False]) * 1e6:.1f}",
+                             f"{statistics.median(cpu[True]) / statistics.median(cpu[False]):.3f}"))
         print("\nThe recording alone (one thread, 256 B records, batch 256; CPU time, best of "
               "10 rounds):\n")
         print(common.table(["what", "µs per batch"],
