@@ -29,9 +29,19 @@ pub struct Chunk {
     open: Arc<OpenFile>,
     /// A lower bound of the file's size: grown by our writes, refreshed from the OS on a miss.
     size: AtomicU64,
+    /// Where this handle last asked the kernel to start writing the file back (see
+    /// [`WRITEBACK_BYTES`]).
+    written_back: AtomicU64,
     capacity: u64,
     disk: Arc<Disk>,
 }
+
+/// Every this many bytes written to a chunk, the kernel is asked to start writing them to the
+/// disk (without waiting): a long append's bytes then go to the disk while the rest are being
+/// written, and the sync that commits them waits for the tail only, not for all of it (the
+/// kernel's own writeback would start only once a share of memory is dirty). Durability is
+/// unchanged: nothing counts as written before that sync.
+pub const WRITEBACK_BYTES: u64 = 4 << 20;
 
 impl Chunk {
     /// `len` stored bytes at `offset`, or a corruption error if they lie past the file's end.
@@ -119,7 +129,19 @@ impl Chunk {
             self.disk.write_at(&self.open.file, &self.path, offset, data)
         })
         .map_err(|e| Error::io(&self.path, e))?;
-        self.size.fetch_max(offset + data.len() as u64, Ordering::AcqRel);
+        let end = offset + data.len() as u64;
+        self.size.fetch_max(end, Ordering::AcqRel);
+        let from = self.written_back.load(Ordering::Relaxed);
+        // One thread starts each range (the writers of a pipelined append share the chunk);
+        // bytes written behind the mark are written back by the commit's sync.
+        if end >= from + WRITEBACK_BYTES
+            && self
+                .written_back
+                .compare_exchange(from, end, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.disk.start_writeback(&self.open.file, &self.path, from, end - from);
+        }
         Ok(())
     }
 
@@ -242,6 +264,7 @@ impl ChunkSet {
             path,
             open,
             size: AtomicU64::new(meta.len().min(self.capacity)),
+            written_back: AtomicU64::new(meta.len()),
             capacity: self.capacity,
             disk: Arc::clone(&self.disk),
         };

@@ -52,6 +52,8 @@ mod hooks {
     #[derive(Default)]
     struct Journal {
         changes: Vec<Change>,
+        /// Write-backs started (file, offset, length): hints, not changes.
+        writebacks: Vec<(std::path::PathBuf, u64, u64)>,
         /// Fail the n-th change from now (1 = the next) with this errno.
         fail: Option<(u64, i32)>,
     }
@@ -72,6 +74,7 @@ mod hooks {
         /// Clears the journal and starts recording.
         pub fn start_journal(&self) {
             self.journal().changes.clear();
+            self.journal().writebacks.clear();
             self.recording.store(true, Ordering::SeqCst);
         }
 
@@ -79,6 +82,17 @@ mod hooks {
         pub fn take_journal(&self) -> Vec<Change> {
             self.recording.store(false, Ordering::SeqCst);
             std::mem::take(&mut self.journal().changes)
+        }
+
+        /// The write-backs started while recording, in order (see [`super::Disk::start_writeback`]).
+        pub fn take_writebacks(&self) -> Vec<(std::path::PathBuf, u64, u64)> {
+            std::mem::take(&mut self.journal().writebacks)
+        }
+
+        pub(super) fn note_writeback(&self, file: &std::path::Path, offset: u64, len: u64) {
+            if self.recording.load(Ordering::Acquire) {
+                self.journal().writebacks.push((file.to_path_buf(), offset, len));
+            }
         }
 
         /// Number of changes recorded so far.
@@ -144,6 +158,9 @@ mod hooks {
 
         #[inline(always)]
         pub(super) fn after(&self, _change: impl FnOnce() -> Change) {}
+
+        #[inline(always)]
+        pub(super) fn note_writeback(&self, _file: &std::path::Path, _offset: u64, _len: u64) {}
     }
 }
 
@@ -199,6 +216,16 @@ impl Disk {
     /// `fdatasync`: data and size (the only metadata a reader needs) reach the disk.
     pub fn sync_file(&self, file: &File, path: &Path) -> io::Result<()> {
         self.change(|| file.sync_data(), || Change::SyncFile { file: path.to_path_buf() })
+    }
+
+    /// Asks the kernel to start writing `len` bytes at `offset` of `file` to the disk, without
+    /// waiting for them (`sync_file_range` with `SYNC_FILE_RANGE_WRITE`). A hint, not a change:
+    /// it makes nothing durable (only [`Disk::sync_file`] does) and nothing a reader sees
+    /// differs, so the journal does not record it, and an error is ignored (the sync that
+    /// follows reports the real ones). Elsewhere than Linux it does nothing.
+    pub fn start_writeback(&self, file: &File, path: &Path, offset: u64, len: u64) {
+        crate::writeback::start(file, offset, len);
+        self.hooks.note_writeback(path, offset, len);
     }
 
     /// Deallocates `len` bytes at `offset` (they read as zeros), keeping the file's size, so a

@@ -11,7 +11,7 @@
 
 // Every `unsafe` block lives in a module that says why with `#![expect(unsafe_code)]`:
 // mapped.rs (mmap views), slots.rs (lock-free table), pool.rs (pool slot), fork.rs (atfork),
-// dict_training.rs (zstd's C trainer).
+// dict_training.rs (zstd's C trainer), writeback.rs (sync_file_range).
 #![deny(unsafe_code)]
 
 #[cfg(target_endian = "big")]
@@ -52,6 +52,7 @@ mod segments;
 mod slots;
 mod store;
 pub mod sums;
+mod writeback;
 
 pub use compact::CompactReport;
 pub use error::{Error, Result};
