@@ -9,9 +9,9 @@ own job instead of starting new ones (see ``ProcessPipeline.finish``).
 
 Only what is safe to reuse is parked: workers that received their job pickled (a forked
 worker inherited its job, which may not pickle, so it is never parked), every one of them
-alive, none holding a step. A worker that died while parked makes the next pass start a fresh
-set. Closing the loader, dropping it, or a second set arriving while one waits reaps them:
-at most one set per loader is ever kept.
+alive, none holding a step. A worker that died while parked does not answer the next pass's
+job, which then starts a fresh set (``pipeline._all_ready``). Closing the loader, dropping it,
+or a second set arriving while one waits reaps them: at most one set per loader is ever kept.
 """
 
 from __future__ import annotations
@@ -28,12 +28,10 @@ class Parking:
     """At most one idle set of worker processes, keyed by the start method that made them.
 
     ``reap`` ends a set (closes its sockets, joins, kills what does not leave); it is called
-    outside the lock. ``usable`` tells whether a parked worker can still take a job: alive,
-    its socket open and silent."""
+    outside the lock."""
 
-    def __init__(self, reap: Callable[[list[Any]], None], usable: Callable[[Any], bool]) -> None:
+    def __init__(self, reap: Callable[[list[Any]], None]) -> None:
         self._reap = reap
-        self._usable = usable
         self._lock = threading.Lock()
         self._parked: tuple[str, list[Any]] | None = None
         self._closed = False
@@ -49,14 +47,14 @@ class Parking:
             return True
 
     def take(self, method: str, count: int) -> list[Any] | None:
-        """The parked set if it was made by ``method`` with ``count`` workers, all usable;
-        None otherwise (a set that does not fit is reaped)."""
+        """The parked set if it was made by ``method`` with ``count`` workers; None otherwise
+        (a set that does not fit is reaped)."""
         with self._lock:
             parked, self._parked = self._parked, None
             if parked is None or self._pid != os.getpid():
                 return None
         made_by, workers = parked
-        if made_by == method and len(workers) == count and all(map(self._usable, workers)):
+        if made_by == method and len(workers) == count:
             return workers
         self._reap(workers)
         return None

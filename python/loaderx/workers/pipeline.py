@@ -56,7 +56,7 @@ from loaderx.workers.layout import Loan, Maps, decode, decode_flat
 from loaderx.workers.mapping import Mapping
 from loaderx.workers.parking import Parking
 
-__all__ = ["ProcessPipeline", "end_workers", "parking"]
+__all__ = ["ProcessPipeline", "parking"]
 
 #: close() waits this long in all for the workers to leave on their own, then kills them.
 _JOIN_SECONDS = 1.0
@@ -668,15 +668,15 @@ class ProcessPipeline(Window):
 
 def parking() -> Parking:
     """Where a loader's finished passes leave their idle workers (one per DataLoader)."""
-    return Parking(end_workers, _still_idle)
+    return Parking(end_workers)
 
 
 def _all_ready(workers: list[_Worker]) -> bool:
     """Waits until every worker of a reused set answers its new job with ``("ready",)``;
     False, at once, if one dies or answers otherwise (its job failed), or if they do not all
-    answer within ``_READY_SECONDS``. Parked workers are checked before, but a death in the
-    last milliseconds is not seen there: the kernel releases a killed process's socket a
-    little after its threads end."""
+    answer within ``_READY_SECONDS``. This is the one check of a parked set's health: a
+    worker that died while parked cannot answer (and the kernel releases a killed process's
+    socket a little after its threads end, so no look before the hand-over would be sure)."""
     deadline = time.monotonic() + _READY_SECONDS
     waiting = {w.fd: w for w in workers}
     sentinels = {w.sentinel for w in workers}
@@ -703,17 +703,6 @@ def _all_ready(workers: list[_Worker]) -> bool:
             del waiting[fd]
             probe.unregister(fd)
     return True
-
-
-def _still_idle(w: _Worker) -> bool:
-    """Whether parked worker ``w`` can take a job: alive, and its socket neither closed nor
-    carrying anything (an idle worker sends nothing; a dead one's end is closed by the kernel
-    as it exits, before anyone can read its exit status)."""
-    if w.process.exitcode is not None:
-        return False
-    probe = select.poll()
-    probe.register(w.fd, select.POLLIN)
-    return not probe.poll(0)
 
 
 def end_workers(workers: list[_Worker]) -> None:
