@@ -537,6 +537,14 @@ def pss_mib(pids: list[int]) -> float:
     return sum(smaps(pid)["pss"] for pid in pids) / 1024
 
 
+def loaderx_pss(worker_pids: list[int], forkserver: bool) -> float:
+    """PSS in MiB of this process, the loader's workers and, with ``forkserver``, the server."""
+    from multiprocessing import forkserver as server_module
+
+    server = server_module._forkserver._forkserver_pid if forkserver else None  # private
+    return pss_mib([os.getpid(), *worker_pids, *([server] if server else [])])
+
+
 def startup_run(root: pathlib.Path, row: str) -> dict[str, Any]:
     """One row of the start-up table, in this (fresh) interpreter."""
     if row == IMPORT_CEILING:
@@ -569,8 +577,6 @@ def startup_run(root: pathlib.Path, row: str) -> dict[str, Any]:
         memory = pss_mib([os.getpid(), *(w.pid for w in it._workers)])  # private API
         del it
         return {"first_s": first, "pss_mib": memory}
-    from multiprocessing import forkserver
-
     from loaderx import DataLoader, DenseDataset
 
     def streams() -> dict[str, Any]:
@@ -593,9 +599,7 @@ def startup_run(root: pathlib.Path, row: str) -> dict[str, Any]:
             first = time.perf_counter() - t0
             for _ in range(10):
                 next(again)
-            server: Any = forkserver._forkserver  # private, but in every 3.x
-            pids = [os.getpid(), *again._pipe.worker_pids, server._forkserver_pid]
-            return {"first_s": first, "pss_mib": pss_mib([p for p in pids if p])}
+            return {"first_s": first, "pss_mib": loaderx_pss(again._pipe.worker_pids, True)}
     t0 = time.perf_counter()
     loader = DataLoader(streams(), batch_size=TV_BATCH, num_workers=PROCS, worker_mode="process",
                         start_method=method, transform=_bench_vision.augment)
@@ -606,11 +610,7 @@ def startup_run(root: pathlib.Path, row: str) -> dict[str, Any]:
     first = time.perf_counter() - t0
     for _ in range(10):
         next(loader)
-    server = forkserver._forkserver
-    pids = [os.getpid(), *loader.worker_pids]
-    if loader.start_method == "forkserver" and server._forkserver_pid:
-        pids.append(server._forkserver_pid)
-    memory = pss_mib(pids)
+    memory = loaderx_pss(loader.worker_pids, loader.start_method == "forkserver")
     loader.close()
     return {"first_s": first, "pss_mib": memory}
 
