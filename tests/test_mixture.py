@@ -22,6 +22,7 @@ from loaderx import (
     DataLoader,
     DenseDataset,
     RaggedDataset,
+    _native,
     from_iterator,
     from_numpy,
     mix,
@@ -29,13 +30,16 @@ from loaderx import (
 )
 from loaderx._views.mix_plan import (
     MIX_LENGTH,
+    SMALL,
     MixPlan,
     Table,
     _second_share,
     build_pieces,
+    draw_keys,
     permute,
     quantize,
     radix,
+    small_orders,
 )
 from loaderx.errors import LoaderxIndexError, LoaderxTypeError, LoaderxValueError
 
@@ -151,6 +155,15 @@ def test_a_run_of_positions_is_the_order_at_those_positions(w, start, n):
                           np.array(m.counts(start + n)) - np.array(m.counts(start)))
 
 
+def test_a_batch_is_known_by_its_positions_not_its_bytes():
+    """Index arrays of another dtype whose bytes equal the last batch's are other positions."""
+    core = mix(_dense(2), [1, 1], seed=3)._core
+    wide = core.resolve(np.array([1], dtype=np.uint64))
+    narrow = core.resolve(np.array([1, 0], dtype=np.int32))  # the same 8 bytes
+    assert wide.take.sum() == 1 and narrow.take.sum() == 2
+    assert np.array_equal(narrow.records, core.resolve(np.array([1, 0], np.uint64)).records)
+
+
 _DENSE: dict[int, list[DenseDataset]] = {}
 
 
@@ -210,6 +223,42 @@ def test_each_pass_over_a_source_reads_all_of_it_once(sizes, seed):
             assert sorted(p.tolist()) == list(range(n))
         if math.factorial(min(n, 20)) > 100:
             assert any(not np.array_equal(passes[0], p) for p in passes[1:])
+
+
+def _reference_draws(n, base, first, count):
+    """Records of draws ``first, ...`` of a source of ``n`` under key ``base``, by the NumPy
+    reference model of the orders (mix_plan's draw_keys, permute and small_orders)."""
+    d = np.arange(first, first + count, dtype=np.uint64)
+    passes, k = d // np.uint64(n), d % np.uint64(n)
+    keys = draw_keys(np.array([base], dtype=np.uint64), np.zeros(count, np.int64),
+                     passes.astype(np.int64))
+    if n <= SMALL:
+        return np.array([small_orders(keys[i:i + 1], n)[0, int(k[i])] for i in range(count)],
+                        dtype=np.uint64)
+    a, b = radix(np.array([n]))
+    return permute(k, np.uint64(n), a[0], b[0], keys)
+
+
+@PROPS
+@given(st.sampled_from([1, 2, 3, 63, 64, 65, 1000, 4097, 999_983, 2**40 + 3]),
+       st.integers(0, 2**64 - 1), st.integers(0, 2**50), st.integers(1, 300))
+def test_native_draws_are_the_reference_orders(n, base, first, count):
+    """The native run of draws (what a loader batch reads) gives exactly the reference model's
+    records, on small and large sources and across passes."""
+    a, b = radix(np.array([n]))
+    out = np.empty(count, dtype=np.uint64)
+    _native.mix_draws(out, first, n, int(a[0]), int(b[0]), base)
+    assert np.array_equal(out, _reference_draws(n, base, first, count))
+
+
+def test_native_draws_refuse_a_domain_that_misses_records():
+    out = np.empty(4, dtype=np.uint64)
+    with pytest.raises(LoaderxValueError, match="does not hold a source of 1000 records"):
+        _native.mix_draws(out, 0, 1000, 10, 99, 0)
+    with pytest.raises(LoaderxValueError, match="past the last draw"):
+        _native.mix_draws(out, 2**64 - 2, 1000, 10, 100, 0)
+    with pytest.raises(LoaderxValueError, match="length must be at least 1"):
+        _native.mix_draws(out, 0, 0, 1, 1, 0)
 
 
 _SIZED: dict[tuple[int, ...], list[DenseDataset]] = {}

@@ -9,7 +9,7 @@ from numpy.typing import NDArray
 __all__ = ["Zrecord", "Sampler", "set_num_threads", "num_threads", "canonical_codec",
            "replace_file", "rename_noreplace", "rename_exchange",
            "begin_exit", "Across",
-           "pack_concat", "pack_first_fit", "CODECS",
+           "pack_concat", "pack_first_fit", "mix_draws", "CODECS",
            "FORMAT_VERSION", "MAX_RECORDS", "MAX_RECORD_BYTES",
            "copy_records", "pread_records", "write_profile", "engine_errors"]
 
@@ -43,6 +43,8 @@ def pack_first_fit(store: Zrecord, row_ptr: Any, row_docs: Any, sizes: Any, rows
 
 # Benchmark ceilings: only in builds with the `bench` cargo feature (scripts/env.sh makes one;
 # wheels have none).
+def mix_draws(out: NDArray[np.uint64], first: int, length: int, a: int, b: int,
+              base: int) -> None: ...
 def copy_records(src: Any, record: int, idxs: Any, dst: Any) -> None: ...
 def pread_records(path: str, offsets: Any, record: int, dst: Any, threads: int) -> None: ...
 def write_profile(reset: bool = False) -> dict[str, tuple[float, int]]: ...

@@ -1,4 +1,4 @@
-//! `loaderx._native.Sampler`: the `PyO3` face of the `zsampler` crate.
+//! `loaderx._native.Sampler` and `mix_draws`: the `PyO3` face of the `zsampler` crate.
 //!
 //! Conversion, error mapping and buffer handling only; every index comes from `zsampler`. A batch
 //! is written straight into a caller-supplied, writable, C-contiguous uint64 buffer (a `NumPy` array
@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
+use zsampler::draws::SourceOrder;
 use zsampler::{Mode, Sampler as Core};
 
 use crate::buffers::slice_mut;
@@ -134,7 +135,32 @@ impl Sampler {
     }
 }
 
-/// Add `Sampler` to the extension module.
+/// `mix_draws(out, first, length, a, b, base)`: the records of a mixture source's draws
+/// `first, first + 1, ...` into the uint64 buffer `out` (see `zsampler::draws`).
+#[pyfunction]
+fn mix_draws(
+    py: Python<'_>,
+    out: &Bound<'_, PyAny>,
+    first: u64,
+    length: u64,
+    a: u64,
+    b: u64,
+    base: u64,
+) -> PyResult<()> {
+    let order = SourceOrder::new(length, a, b, base).map_err(crate::errors::sampler_to_py)?;
+    let buf = PyBuffer::<u64>::get(out)
+        .map_err(|_| crate::errors::bad_argument("out must be a uint64 buffer"))?;
+    let out = slice_mut(&buf, "out")?;
+    let result = if out.len() as u64 >= DETACH_AT {
+        crate::exit::detach(py, || order.draws_into(first, out))
+    } else {
+        order.draws_into(first, out)
+    };
+    result.map_err(crate::errors::sampler_to_py)
+}
+
+/// Add `Sampler` and `mix_draws` to the extension module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<Sampler>()
+    m.add_class::<Sampler>()?;
+    m.add_function(wrap_pyfunction!(mix_draws, m)?)
 }

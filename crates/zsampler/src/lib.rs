@@ -35,6 +35,7 @@
 // instruction sets the CPU was checked to support.
 #![deny(unsafe_code)]
 
+pub mod draws;
 mod feistel;
 mod iid;
 pub mod mix;
@@ -111,6 +112,22 @@ pub enum SamplerError {
         /// The batch size.
         batch_size: u64,
     },
+    /// A mixture source's permutation domain `[0, a * b)` does not hold its `length` records.
+    BadDomain {
+        /// The source's records.
+        length: u64,
+        /// The first digit's range.
+        a: u64,
+        /// The second digit's range.
+        b: u64,
+    },
+    /// A run of draws reaching past the last draw number (`u64::MAX`).
+    DrawsOutOfRange {
+        /// The run's first draw.
+        first: u64,
+        /// Draws asked for.
+        count: u64,
+    },
 }
 
 impl fmt::Display for SamplerError {
@@ -133,6 +150,13 @@ impl fmt::Display for SamplerError {
                 f,
                 "entries {start}..{start}+{len} reach past the end of a batch of {batch_size}"
             ),
+            SamplerError::BadDomain { length, a, b } => write!(
+                f,
+                "a permutation domain of {a} x {b} does not hold a source of {length} records"
+            ),
+            SamplerError::DrawsOutOfRange { first, count } => {
+                write!(f, "{count} draws from draw {first} reach past the last draw number")
+            }
         }
     }
 }

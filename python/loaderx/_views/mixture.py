@@ -17,6 +17,7 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
+from loaderx import _native
 from loaderx._views.gather import _indices, _one_index, _ragged_layout, _ragged_views
 from loaderx._views.mix_plan import (
     MAX_TRANSITION,
@@ -42,6 +43,7 @@ __all__ = ["mix", "Mixture", "ordered_streams", "MIX_LENGTH"]
 Transition = Literal["linear", "step"]
 
 _U64 = np.dtype(np.uint64)
+_I64 = np.dtype(np.int64)
 #: Pass views of a source that re-packs per pass kept at once (the pass being read, the next).
 _KEPT_PASSES = 2
 #: Mixtures built in this process, by token: the streams of one dict mixture unpickled in a
@@ -222,13 +224,16 @@ class _Core:
         self.lengths_u = self.lengths.astype(np.uint64)
         self.ra, self.rb = radix(self.lengths)
         self.bases = source_bases(normalize_seed(seed), self.k)
+        # Each source's permutation as the native draws take it: digits and key.
+        self._orders = [(int(a), int(b), int(base))
+                        for a, b, base in zip(self.ra, self.rb, self.bases, strict=True)]
         self._local = _Local()
         self._lock = threading.Lock()
         self._passes: dict[tuple[int, str], OrderedDict[int, Any]] = {}
         # Caches shared by threads: plain dicts (single operations on them are atomic, on a
         # free-threaded interpreter too), emptied when full.
         self._blocks: dict[tuple[int, int], np.ndarray] = {}
-        self._counts: dict[int, np.ndarray] = {}
+        self._counts: dict[int, list[int]] = {}
         self._fillers: dict[tuple[int, str, int], Any] = {}
 
     def positions(self, idxs: Any) -> np.ndarray:
@@ -262,23 +267,14 @@ class _Core:
         return out
 
     def draw_block(self, s: int, j: int) -> np.ndarray:
-        """Records of source ``s``'s draws ``j * _DRAW_BLOCK`` on (kept: read-only)."""
+        """Records of source ``s``'s draws ``j * _DRAW_BLOCK`` on (kept: read-only): one
+        native call (``zsampler::draws``, the same orders as :meth:`records`)."""
         key = (s, j)
         block = self._blocks.get(key)
         if block is not None:
             return block
-        d = np.arange(j * _DRAW_BLOCK, (j + 1) * _DRAW_BLOCK, dtype=np.int64)
-        n = int(self.lengths[s])
-        passes, k = np.divmod(d, n)
-        if n <= SMALL:  # each pass's order once, then read at the draws
-            first = int(passes[0])
-            count = int(passes[-1]) - first + 1
-            keys = draw_keys(self.bases, np.full(count, s),
-                             np.arange(first, first + count, dtype=np.int64))
-            block = small_orders(keys, n)[passes - first, k]
-        else:
-            keys = draw_keys(self.bases, np.full(len(d), s), passes)
-            block = permute(k.view(np.uint64), self.lengths_u[s], self.ra[s], self.rb[s], keys)
+        block = np.empty(_DRAW_BLOCK, dtype=np.uint64)
+        _native.mix_draws(block, j * _DRAW_BLOCK, self.length_of[s], *self._orders[s])
         block.setflags(write=False)
         if len(self._blocks) >= _KEPT_BLOCKS * self.k:
             self._blocks.clear()
@@ -295,12 +291,12 @@ class _Core:
         parts[-1] = parts[-1][:d1 - j1 * _DRAW_BLOCK]
         return np.concatenate(parts)
 
-    def counts(self, n: int) -> np.ndarray:
+    def counts(self, n: int) -> list[int]:
         """Every source's count among the first ``n`` positions (a few kept: one batch's end
         is the next one's start)."""
         c = self._counts.get(n)
         if c is None:
-            c = self.plan.counts(n)
+            c = self.plan.counts(n).tolist()
             if len(self._counts) >= _KEPT_COUNTS:
                 self._counts.clear()
             self._counts[n] = c
@@ -315,14 +311,18 @@ class _Core:
         """A batch of positions, rows grouped by source (kept per thread for the streams and
         calls of one batch). A run of positions -- what a loader asks for -- is each source's
         consecutive draws between the counts at its two ends: no per-position work."""
+        if idxs.dtype != _U64 and idxs.dtype != _I64:  # the key is bytes: one meaning each
+            idxs = self.positions(idxs)
         key = idxs.tobytes()
         local = self._local
         if local.value is not None and local.key == key:
             return local.value
         n = len(idxs)
         first = int(idxs[0]) if n else 0
-        if n and 0 <= first and first + n <= MIX_LENGTH and int(idxs[-1]) - first == n - 1 \
-                and (n < 3 or _ascending_run(idxs)):
+        # A run is first, first + 1, ...: its bytes are those of the range (a compare of the
+        # bytes already taken costs less than any arithmetic on the array).
+        if n and 0 <= first and first + n <= MIX_LENGTH and (
+                n == 1 or key == np.arange(first, first + n, dtype=idxs.dtype).tobytes()):
             value = self._run(first, n)
         else:
             value = self._scattered(self.positions(idxs))
@@ -331,12 +331,13 @@ class _Core:
 
     def _run(self, p0: int, n: int) -> _Resolved:
         c0, c1 = self.counts(p0), self.counts(p0 + n)
-        take = c1 - c0
+        take = [b - a for a, b in zip(c0, c1, strict=True)]
         groups: list[tuple[int, int, int, int, np.ndarray]] = []
         lo = 0
-        for s, (m, d0) in enumerate(zip(take.tolist(), c0.tolist(), strict=True)):
+        for s, m in enumerate(take):
             if not m:
                 continue
+            d0 = c0[s]
             records = self.draws(s, d0, d0 + m)
             length = self.length_of[s]
             first, last = d0 // length, (d0 + m - 1) // length
@@ -348,7 +349,7 @@ class _Core:
                     b = min(d0 + m, (p + 1) * length) - d0
                     groups.append((s, p, lo + a, lo + b, records[a:b]))
             lo += m
-        return _Resolved(groups, take)
+        return _Resolved(groups, np.array(take, dtype=np.int64))
 
     def _scattered(self, pos: np.ndarray) -> _Resolved:
         src, draw = self.plan.locate(pos)
@@ -412,12 +413,6 @@ class _Core:
             while len(kept) > _KEPT_PASSES:
                 kept.popitem(last=False)
         return view
-
-
-def _ascending_run(idxs: np.ndarray) -> bool:
-    """Whether ``idxs`` (first and last ``n - 1`` apart) are ``first, first + 1, ...``."""
-    step = np.subtract(idxs[1:], idxs[:-1])
-    return bool(step.min() == 1 and step.max() == 1)
 
 
 #: How a source's rows are read: plain, then its companions(), or with its segment ids.
