@@ -542,6 +542,24 @@ def test_packed_sources_carry_their_segment_ids_and_positions(tmp_path):
             assert np.array_equal(b["tok_positions"][i], pos[0])
 
 
+def test_companions_are_kept_for_the_positions_gathered_not_their_bytes(tmp_path):
+    """The segment ids written by gather_rows are reused only for the same positions: an int32
+    batch with the gathered uint64 batch's bytes gets its own."""
+    code = pack(_corpus(tmp_path / "code", 1, 100, 60, 0), 32, eos_id=0)
+    prose = pack(_corpus(tmp_path / "prose", 100, 200, 40, 1), 32, eos_id=0)
+    m = mix([code, prose], [1, 1], seed=2)
+    dst = np.empty(m.record_bytes, dtype=np.uint8)
+    m.gather_rows(np.array([1], dtype=np.uint64), dst)
+    narrow = np.array([1, 0], dtype=np.int32)  # the same 8 bytes
+    got = m.companions("tok", narrow)
+    assert got["tok_segment_ids"].shape == (2, 32)
+    order = m.batch_order(narrow)
+    src, rec = m.locate(order)
+    for i in range(2):
+        seg, _ = (code, prose)[int(src[i])].segments([int(rec[i])])
+        assert np.array_equal(got["tok_segment_ids"][i], seg[0])
+
+
 def test_packed_sources_of_another_seq_len_are_refused(tmp_path):
     docs = _corpus(tmp_path / "d", 1, 100, 30, 0)
     with pytest.raises(LoaderxValueError, match="source 1 .* packs rows of 16 tokens"):

@@ -422,7 +422,7 @@ _PLAIN, _COMPANIONS, _SEGMENTS = 0, 1, 2
 class _Gathered(threading.local):
     """The companion arrays of the batch a thread gathered last (by the batch's positions)."""
 
-    key: bytes = b""
+    key: tuple[str, bytes] = ("", b"")
     arrays: dict[str, np.ndarray] | None = None
 
 
@@ -620,7 +620,7 @@ class Mixture:
                 _place(extra, ds.companions("", local), lo, hi, n)
         if extra is not None:
             g = self._gathered
-            g.key, g.arrays = idxs.tobytes(), extra
+            g.key, g.arrays = (idxs.dtype.str, idxs.tobytes()), extra
 
     def companions(self, name: str, idxs: np.ndarray) -> dict[str, np.ndarray]:
         """``name_source`` (int32: each row's source index) and the sources' own companion
@@ -630,7 +630,7 @@ class Mixture:
         if self._has_companions:
             g = self._gathered
             arrays = g.arrays
-            if arrays is None or g.key != idxs.tobytes():
+            if arrays is None or g.key != (idxs.dtype.str, idxs.tobytes()):
                 arrays = {}
                 for s, p, lo, hi, local in r.groups:
                     ds = self._core.stream(s, self._name, p)
