@@ -160,8 +160,22 @@ def test_a_batch_is_known_by_its_positions_not_its_bytes():
     core = mix(_dense(2), [1, 1], seed=3)._core
     wide = core.resolve(np.array([1], dtype=np.uint64))
     narrow = core.resolve(np.array([1, 0], dtype=np.int32))  # the same 8 bytes
-    assert wide.take.sum() == 1 and narrow.take.sum() == 2
+    assert sum(wide.take) == 1 and sum(narrow.take) == 2
     assert np.array_equal(narrow.records, core.resolve(np.array([1, 0], np.uint64)).records)
+
+
+@PROPS
+@given(st.lists(st.floats(0.01, 1), min_size=2, max_size=5), st.integers(0, 10**15),
+       st.booleans())
+def test_counts_as_python_integers_are_the_plans(w, n, scheduled):
+    """The loader's counts (Python arithmetic on a table that keeps every prefix) agree with
+    the plan's array path, on long periods without prefixes and on schedules."""
+    sched = [(0, w), (1000, w[::-1])] if scheduled else None
+    m = mix(_dense(len(w)), None if scheduled else w, schedule=sched,
+            batch_size=10 if scheduled else None)
+    plan = m._core.plan
+    for at in (n, n % 20_000, 0):
+        assert plan.counts_list(at) == plan.counts(at).tolist()
 
 
 _DENSE: dict[int, list[DenseDataset]] = {}

@@ -228,6 +228,7 @@ class Table:
             self.prefix.setflags(write=False)
         for arr in (self.src, self.draw, self.ck, self.src_pad, self.a):
             arr.setflags(write=False)
+        self.a_list: list[int] = self.a.tolist()
 
     @property
     def nbytes(self) -> int:
@@ -374,6 +375,16 @@ class MixPlan:
             return self.last.x.counts(n)
         k = int(np.searchsorted(self.starts, n, side="right")) - 1
         return _piece_counts(self.pieces[k], n - self.pieces[k].start)
+
+    def counts_list(self, n: int) -> list[int]:
+        """:meth:`counts` as Python integers: what a loader's batch asks for twice, in
+        Python arithmetic for one table that keeps every prefix (array calls cost more there
+        than the numbers)."""
+        x = self.last.x
+        if len(self.pieces) == 1 and x.prefix is not None:
+            full, o = divmod(n, x.q)
+            return [full * a + c for a, c in zip(x.a_list, x.prefix[o].tolist(), strict=True)]
+        return [int(c) for c in self.counts(n).tolist()]
 
     def target(self, n: int) -> np.ndarray:
         """What :meth:`counts` is held to: the pieces' weights summed over the first ``n``

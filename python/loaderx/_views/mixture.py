@@ -166,7 +166,7 @@ class _Resolved:
 
     __slots__ = ("groups", "take", "_src", "_records", "_src32")
 
-    def __init__(self, groups: list[tuple[int, int, int, int, np.ndarray]], take: np.ndarray,
+    def __init__(self, groups: list[tuple[int, int, int, int, np.ndarray]], take: list[int],
                  src: np.ndarray | None = None, records: np.ndarray | None = None) -> None:
         self.groups = groups
         self.take = take
@@ -296,7 +296,7 @@ class _Core:
         is the next one's start)."""
         c = self._counts.get(n)
         if c is None:
-            c = self.plan.counts(n).tolist()
+            c = self.plan.counts_list(n)
             if len(self._counts) >= _KEPT_COUNTS:
                 self._counts.clear()
             self._counts[n] = c
@@ -349,18 +349,18 @@ class _Core:
                     b = min(d0 + m, (p + 1) * length) - d0
                     groups.append((s, p, lo + a, lo + b, records[a:b]))
             lo += m
-        return _Resolved(groups, np.array(take, dtype=np.int64))
+        return _Resolved(groups, take)
 
     def _scattered(self, pos: np.ndarray) -> _Resolved:
         src, draw = self.plan.locate(pos)
         order = np.argsort(src, kind="stable")
         src, draw = src[order], draw[order]
-        take = np.bincount(src, minlength=self.k)
+        take = np.bincount(src, minlength=self.k).tolist()
         records = self.records(src, draw)
         groups: list[tuple[int, int, int, int, np.ndarray]] = []
         lo = 0
         for s in range(self.k):
-            m = int(take[s])
+            m = take[s]
             if not m:
                 continue
             d = draw[lo:lo + m]
