@@ -697,3 +697,21 @@ def test_the_native_rows_equal_the_numpy_reference(tmp_path, dtype, eos, layout,
         assert (a == b).all()
     with pytest.raises(LoaderxIndexError):
         fast.gather_rows(np.array([len(fast)], np.uint64), got)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_gather_rows_reads_positions_of_any_integer_dtype(tmp_path, native):
+    """Rows asked for as int32 are those rows, even when their bytes equal the last uint64
+    batch's (the parts cache is keyed by bytes) -- and a negative row counts from the end."""
+    view = pack(_corpus(tmp_path, LENGTHS), 7, eos_id=EOS)
+    if not native:
+        view._native = None
+    rb = view.record_bytes
+    first = np.zeros(rb, np.uint8)
+    view.gather_rows(np.array([1], dtype=np.uint64), first)
+    got = np.zeros(2 * rb, np.uint8)
+    view.gather_rows(np.array([1, 0], dtype=np.int32), got)  # the same 8 bytes
+    assert np.array_equal(got.view(view.dtype).reshape(2, 7), view[np.array([1, 0])])
+    last = np.zeros(rb, np.uint8)
+    view.gather_rows(np.array([-1], dtype=np.int64), last)
+    assert np.array_equal(last.view(view.dtype), view[len(view) - 1])

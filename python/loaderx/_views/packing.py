@@ -522,6 +522,7 @@ class PackedDataset:
         ``record_bytes``-byte rows (see :mod:`loaderx.source`)."""
         if not len(idxs):
             return
+        idxs = self._row_indices(idxs)  # uint64 as given; other dtypes checked and converted
         self._check_batch(len(idxs))
         if self._native is not None and rows is None:
             self._gather_native(idxs, dst, shards)
