@@ -8,7 +8,7 @@
 //!
 //! The orders are a published contract (a resumed run depends on them) and are defined by the
 //! reference model in `python/loaderx/_views/mix_plan.py` (`draw_keys`, `permute`,
-//! `small_orders`); the tests there compare the two on every size class. In short:
+//! `small_orders`); `tests/test_mixture.py` holds the two equal on both size classes. In short:
 //!
 //! * the key of pass `p` is `p * PASS_MULTIPLIER ^ base` (wrapping), `base` the source's key;
 //! * a source of more than [`SMALL`] records is permuted by a four-round Feistel network on the
