@@ -183,7 +183,8 @@ class _Resolved:
     @property
     def src32(self) -> np.ndarray:
         if self._src32 is None:
-            self._src32 = self.src.astype(np.int32)
+            self._src32 = self._src.astype(np.int32) if self._src is not None else \
+                np.repeat(np.arange(len(self.take), dtype=np.int32), self.take)
         return self._src32
 
     @property
@@ -459,6 +460,13 @@ class Mixture:
                      and len(self._companion_suffixes) == 2 else
                      _COMPANIONS if callable(getattr(src[name], "companions", None)) else _PLAIN
                      for src in core.sources]
+        # A source that packs once reads through one view and one bound batch call, looked
+        # up here instead of per batch (None: it re-packs per pass, see _Core.stream).
+        self._fixed = [None if getattr(src[name], "repacks", False) else src[name]
+                       for src in core.sources]
+        self._fills = [core.filler(s, name, -1, ds)
+                       if ds is not None and self._how[s] == _SEGMENTS else None
+                       for s, ds in enumerate(self._fixed)]
         self._gathered = _Gathered()
         digest = hashlib.sha1(repr((core.config, normalize_seed(core.seed), name, [
             (len(s[name]), getattr(s[name], "view_digest", ""), s[name].kind,
@@ -591,8 +599,11 @@ class Mixture:
         name = self._name
         rb = self.record_bytes
         extra: dict[str, np.ndarray] | None = None
+        fixed = self._fixed
         for s, p, lo, hi, local in core.resolve(idxs).groups:
-            ds = core.stream(s, name, p)
+            ds = fixed[s]
+            if ds is None:
+                ds = core.stream(s, name, p)
             how = self._how[s]
             if rows is not None:
                 ds.gather_rows(local, dst, shards, np.ascontiguousarray(rows[lo:hi],
@@ -604,7 +615,7 @@ class Mixture:
                              self._companion_suffixes[1]: np.empty((n, *self._item_shape),
                                                                    dtype=np.int32)}
                 seg, pos = extra.values()
-                fill = core.filler(s, name, p, ds)
+                fill = self._fills[s] if fixed[s] is not None else core.filler(s, name, p, ds)
                 if fill is not None:
                     fill(local, dst[lo * rb:hi * rb], seg[lo:hi].reshape(-1),
                          pos[lo:hi].reshape(-1), shards)
