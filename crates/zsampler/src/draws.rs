@@ -64,20 +64,11 @@ impl SourceOrder {
         pass.wrapping_mul(PASS_MULTIPLIER) ^ self.base
     }
 
-    /// The keyed bijection of `[0, a * b)` (four rounds, one digit each); `a` and `b` are
-    /// the digit ranges as multiplies (a division per round costs more than the rest).
+    /// The keyed bijection of `[0, a * b)` (four rounds, one digit each) of one element.
     fn feistel(x: u64, key: u64, a: StrengthReducedU64, b: StrengthReducedU64) -> u64 {
-        let (mut hi, mut lo) = StrengthReducedU64::div_rem(x, b);
-        for (r, c) in ROUND.iter().enumerate() {
-            if r % 2 == 0 {
-                let t = ((lo ^ key).wrapping_mul(*c)) >> SHIFT;
-                hi = hi.wrapping_add(t) % a;
-            } else {
-                let t = ((hi ^ key).wrapping_mul(*c)) >> SHIFT;
-                lo = lo.wrapping_add(t) % b;
-            }
-        }
-        hi.wrapping_mul(b.get()).wrapping_add(lo)
+        let mut one = [x];
+        Self::feistel_lanes(&mut one, key, a, b);
+        one[0]
     }
 
     /// Element `k` (`< n`) of the permutation keyed `key`, for a source of more than
@@ -91,13 +82,12 @@ impl SourceOrder {
         y
     }
 
-    /// The whole permutation keyed `key` of a small source into `order` (`n` entries).
-    fn small_order(&self, key: u64, order: &mut Vec<u64>) {
+    /// The whole permutation keyed `key` of a small source (`n` entries).
+    fn small_order(&self, key: u64) -> Vec<u64> {
         let mut hashed: Vec<(u64, u64)> =
             (0..self.n).map(|i| (mix64(key ^ (i + 1).wrapping_mul(GOLDEN)), i)).collect();
         hashed.sort_unstable(); // ties (equal hashes) by element, as a stable sort would
-        order.clear();
-        order.extend(hashed.into_iter().map(|(_, i)| i));
+        hashed.into_iter().map(|(_, i)| i).collect()
     }
 
     /// The records of draws `first, first + 1, ...` into `out` (one per entry).
@@ -128,10 +118,8 @@ impl SourceOrder {
 
     /// Elements `k, k + 1, ...` of a small source's permutation keyed `key`.
     fn small_stretch(&self, key: u64, k: u64, out: &mut [u64]) {
-        let mut order = Vec::with_capacity(SMALL as usize);
-        self.small_order(key, &mut order);
         let k = k as usize;
-        out.copy_from_slice(&order[k..k + out.len()]);
+        out.copy_from_slice(&self.small_order(key)[k..k + out.len()]);
     }
 
     /// Elements `k, k + 1, ...` of a large source's permutation keyed `key`, [`LANES`] at a
@@ -156,15 +144,23 @@ impl SourceOrder {
         }
     }
 
-    /// [`SourceOrder::feistel`] of [`LANES`] elements in lockstep.
-    fn feistel_lanes(x: &mut [u64; LANES], key: u64, a: StrengthReducedU64, b: StrengthReducedU64) {
-        let mut hi = [0; LANES];
-        let mut lo = [0; LANES];
-        for i in 0..LANES {
+    /// The keyed bijection of `[0, a * b)` of `N` elements in lockstep: four rounds on the
+    /// digits `(x / b, x mod b)`, each adding a hash of the other digit modulo its range; `a`
+    /// and `b` are the digit ranges as multiplies (a division per round costs more than the
+    /// rest).
+    fn feistel_lanes<const N: usize>(
+        x: &mut [u64; N],
+        key: u64,
+        a: StrengthReducedU64,
+        b: StrengthReducedU64,
+    ) {
+        let mut hi = [0; N];
+        let mut lo = [0; N];
+        for i in 0..N {
             (hi[i], lo[i]) = StrengthReducedU64::div_rem(x[i], b);
         }
         for (r, c) in ROUND.iter().enumerate() {
-            for i in 0..LANES {
+            for i in 0..N {
                 if r % 2 == 0 {
                     hi[i] = hi[i].wrapping_add(((lo[i] ^ key).wrapping_mul(*c)) >> SHIFT) % a;
                 } else {
@@ -172,7 +168,7 @@ impl SourceOrder {
                 }
             }
         }
-        for i in 0..LANES {
+        for i in 0..N {
             x[i] = hi[i].wrapping_mul(b.get()).wrapping_add(lo[i]);
         }
     }

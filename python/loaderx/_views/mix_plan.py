@@ -384,7 +384,7 @@ class MixPlan:
         if len(self.pieces) == 1 and x.prefix is not None:
             full, o = divmod(n, x.q)
             return [full * a + c for a, c in zip(x.a_list, x.prefix[o].tolist(), strict=True)]
-        return [int(c) for c in self.counts(n).tolist()]
+        return self.counts(n).tolist()
 
     def target(self, n: int) -> np.ndarray:
         """What :meth:`counts` is held to: the pieces' weights summed over the first ``n``

@@ -548,6 +548,12 @@ class Mixture:
         idx = _indices(positions, MIX_LENGTH).reshape(-1)
         return idx[self._core.order(idx)]
 
+    def _stream(self, s: int, p: int) -> Any:
+        """Source ``s``'s view for its pass ``p``: the one view of a source that packs once
+        (kept at construction), else that pass's own packing (see :meth:`_Core.stream`)."""
+        ds = self._fixed[s]
+        return ds if ds is not None else self._core.stream(s, self._name, p)
+
     # -- the stream protocol (loaderx.source) --------------------------------------------------
 
     @property
@@ -578,7 +584,7 @@ class Mixture:
             return False
         asked = False
         for s, p, _, _, records in self._core.resolve(flat).groups:
-            asked |= bool(self._core.stream(s, self._name, p).prefetch(records))
+            asked |= bool(self._stream(s, p).prefetch(records))
         return asked
 
     def gather_rows(self, idxs: np.ndarray, dst: np.ndarray, shards: int | None = None,
@@ -599,11 +605,8 @@ class Mixture:
         name = self._name
         rb = self.record_bytes
         extra: dict[str, np.ndarray] | None = None
-        fixed = self._fixed
         for s, p, lo, hi, local in core.resolve(idxs).groups:
-            ds = fixed[s]
-            if ds is None:
-                ds = core.stream(s, name, p)
+            ds = self._stream(s, p)
             how = self._how[s]
             if rows is not None:
                 ds.gather_rows(local, dst, shards, np.ascontiguousarray(rows[lo:hi],
@@ -615,7 +618,7 @@ class Mixture:
                              self._companion_suffixes[1]: np.empty((n, *self._item_shape),
                                                                    dtype=np.int32)}
                 seg, pos = extra.values()
-                fill = self._fills[s] if fixed[s] is not None else core.filler(s, name, p, ds)
+                fill = self._fills[s] if self._fixed[s] is not None else core.filler(s, name, p, ds)
                 if fill is not None:
                     fill(local, dst[lo * rb:hi * rb], seg[lo:hi].reshape(-1),
                          pos[lo:hi].reshape(-1), shards)
@@ -644,7 +647,7 @@ class Mixture:
             if arrays is None or g.key != (idxs.dtype.str, idxs.tobytes()):
                 arrays = {}
                 for s, p, lo, hi, local in r.groups:
-                    ds = self._core.stream(s, self._name, p)
+                    ds = self._stream(s, p)
                     _place(arrays, ds.companions("", local), lo, hi, len(idxs))
             else:
                 g.arrays = None
@@ -665,7 +668,7 @@ class Mixture:
             raise LoaderxTypeError("record_nbytes() is for ragged mixtures; this one is dense")
         out = np.empty(len(idxs), dtype=np.uint64)
         for s, p, lo, hi, local in self._core.resolve(idxs).groups:
-            out[lo:hi] = self._core.stream(s, self._name, p).record_nbytes(local)
+            out[lo:hi] = self._stream(s, p).record_nbytes(local)
         return out
 
     def gather_at(self, idxs: np.ndarray, dst: np.ndarray, offsets: np.ndarray) -> None:
@@ -674,7 +677,7 @@ class Mixture:
         if self.kind != "ragged":
             raise LoaderxTypeError("gather_at() is for ragged mixtures; this one is dense")
         for s, p, lo, hi, local in self._core.resolve(idxs).groups:
-            self._core.stream(s, self._name, p).gather_at(
+            self._stream(s, p).gather_at(
                 local, dst, np.ascontiguousarray(offsets[lo:hi]))
 
     # -- reading outside a loader ------------------------------------------------------------
