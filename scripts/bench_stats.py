@@ -11,7 +11,9 @@ everything):
 * identity, 12 KiB zstd / raw, 4 threads -- the loader benchmark's ``loaderx`` rows;
 * identity, 12 KiB raw, ``num_workers=0``;
 * identity, 256 B raw, 2 threads, and ``num_workers=0`` -- the fixed cost per batch;
-* identity, 12 KiB raw, 2 worker processes.
+* identity, 12 KiB raw, 2 worker processes;
+* a control: the 256 B 2-thread row with statistics off on both sides, which shows how far
+  apart two identical loaders read by this method on this machine.
 
 Each row builds two loaders side by side, one with statistics on and one off, warms both (50
 batches), then times them in turns: ``--windows`` windows of ``--batches`` ``next()`` calls
@@ -19,10 +21,11 @@ each per loader, the order swapped every pair, so that a change of load on the m
 shared one switches between fast and slow phases within seconds) hits both alike. The table
 shows the medians over the windows in microseconds per batch, the median of the per-pair
 on/off ratios and their range, and the fastest window of each. A last table times the
-recording alone: one batch's ``Builder.produce`` with and without a clock, in a loop on one
-thread, and the consumer's ``begin()``/``end()`` pair, in the thread's CPU time (the best of 10
-rounds, the two in turns: what a loaded machine's scheduling adds is left out) -- the cost per
-batch that the ratio above measures within noise.
+recording alone, in the thread's CPU time (what a loaded machine's scheduling adds is left out):
+one 256 B-record batch's ``Builder.produce`` untimed, with every batch timed (its clock, the
+filing, the consumer's ``begin()``/``end()``) and sampled as the loader does it (one batch in
+about ``TIME_ALL_ABOVE_NS / its time`` timed, the others counted), the three in turns batch by
+batch, the median of 10 rounds -- the cost per batch that the ratio above measures within noise.
 """
 
 from __future__ import annotations
@@ -82,17 +85,20 @@ def cpu_seconds(loader: Any) -> float:
 
 
 def paired(root: pathlib.Path, kind: str, workers: int, mode: str, windows: int,
-           batches: int) -> tuple[dict[bool, list[float]], dict[bool, list[float]]]:
+           batches: int, control: bool = False
+           ) -> tuple[dict[bool, list[float]], dict[bool, list[float]]]:
     """Seconds per batch of ``windows`` windows of ``batches`` ``next()`` calls each, on two
     loaders alive side by side -- statistics on and off -- taking turns window by window (the
     order swapped every pair), so that both see the same machine; and the CPU seconds per
     batch of the same windows (the loader's threads and worker processes, which a busy
-    neighbour slows less than the wall clock)."""
+    neighbour slows less than the wall clock). ``control``: both loaders with statistics off
+    (keyed True and False all the same) -- what the method reads when nothing differs."""
     from loaderx.dataloader import DataLoader
 
     s = streams(root, kind)
     loaders = {on: DataLoader(s, batch_size=BATCH, num_workers=workers, worker_mode=mode,
-                              stats=on, start_method="fork" if mode == "process" else None)
+                              stats=on and not control,
+                              start_method="fork" if mode == "process" else None)
                for on in (True, False)}
     try:
         for loader in loaders.values():
@@ -125,10 +131,14 @@ ROWS = [
     ("identity, 256 B raw, num_workers=0", "small", 0, "thread"),
     ("identity, 12 KiB raw, 2 processes", "raw", 2, "process"),
 ]
+#: The control: the 256 B 2-thread row with statistics off on both sides (its noise floor).
+CONTROL = ("control: 256 B raw, 2 threads, off against off", "small", 2, "thread")
 
 
 def recording_cost(root: pathlib.Path, loops: int) -> list[tuple[str, float]]:
-    """Nanoseconds per batch of the recording alone."""
+    """Nanoseconds per batch of the recording alone: a batch timed in full, and the mean per
+    batch as the loader samples them (a 256 B-record batch is fast: about one in
+    ``TIME_ALL_ABOVE_NS / its time`` is timed)."""
     from loaderx._loader.batch import Builder, EndlessRows, Job
     from loaderx._loader.stats import Collector
     from loaderx.dataloader import _identity, _PooledMemory
@@ -139,29 +149,53 @@ def recording_cost(root: pathlib.Path, loops: int) -> list[tuple[str, float]]:
     rows = EndlessRows(sampler, np.arange(BATCH, dtype=np.int64), "")
     builder = Builder(s, rows, Job(_identity, None), 1)
     memory = _PooledMemory(builder, BATCH, 4)
+    # Each variant its own collector and clock (a timed one's draws must not reset the
+    # sampled one's countdown).
     collector = Collector("thread", 1, 8, threading.RLock())
     clock = collector.clock()
-    out = []
-    best = {"produce, no clock": float("inf"), "produce, with clock": float("inf")}
-    for round_ in range(10):  # the two in turns, the fastest round of each
-        for label, c in ((("produce, no clock", None), ("produce, with clock", clock))
-                         if round_ % 2 == 0 else
-                         (("produce, with clock", clock), ("produce, no clock", None))):
-            t = time.thread_time_ns()
-            for step in range(loops):
-                builder.produce(step, memory, c)
-                if c is not None:
-                    c.record(0, 0, 0)
-            best[label] = min(best[label], (time.thread_time_ns() - t) / loops)
-    out += list(best.items())
-    out.append(("  the difference", best["produce, with clock"] - best["produce, no clock"]))
-    best = float("inf")
+    own = Collector("thread", 1, 8, threading.RLock())
+    own_clock = own.clock()
+
+    def untimed(step: int) -> None:
+        builder.produce(step, memory, None)
+
+    def every_batch_timed(step: int) -> None:
+        builder.produce(step, memory, own_clock)
+        own_clock.record(0, 0, 0)
+        own.left = 1  # (the consumer's next call timed too)
+        own.end(own.begin(), 1)  # type: ignore[arg-type]
+
+    def sampled(step: int) -> None:  # what the loader does
+        timed = clock.pick()
+        builder.produce(step, memory, timed)
+        if timed is not None:
+            clock.record(0, 0, clock.sample + clock.read + clock.transform)
+        began = collector.begin()
+        if began is None:
+            collector.skipped()
+        else:
+            collector.end(began, 1)
+
+    # The three in turns batch by batch (the order rotated), each batch's thread CPU time
+    # summed per variant: a change of the machine's speed hits all three alike. The figure
+    # is the median over 10 rounds.
+    runs = [untimed, every_batch_timed, sampled]
+    rounds: list[list[float]] = [[], [], []]
+    clock_ns = time.thread_time_ns
     for _ in range(10):
-        t = time.thread_time_ns()
-        for _ in range(loops):
-            collector.end(collector.begin(), 1)
-        best = min(best, (time.thread_time_ns() - t) / loops)
-    out.append(("consumer begin() + end()", best))
+        spent = [0, 0, 0]
+        for step in range(loops):
+            for k in range(3):
+                which = (step + k) % 3
+                t = clock_ns()
+                runs[which](step)
+                spent[which] += clock_ns() - t
+        for which in range(3):
+            rounds[which].append(spent[which] / loops)
+    base, every, mean = (statistics.median(r) for r in rounds)
+    out = [("produce, untimed (the batch)", base),
+           ("recording, every batch timed", every - base),
+           ("recording, sampled (the loader's mean)", mean - base)]
     collector.snapshot()
     t = time.perf_counter_ns()
     collector.snapshot()
@@ -187,8 +221,9 @@ def main(windows: int = 30, batches: int = 200, quick: bool = False) -> None:
               "on two loaders side by side, taking turns (µs per batch)\n")
         print(common.head("row", "on", "off", "on/off", "pairs: range", "min on", "min off",
                           "CPU on", "CPU off", "CPU on/off", align="lrrrrrrrrr"))
-        for name, kind, workers, mode in ROWS:
-            got, cpu = paired(root, kind, workers, mode, windows, batches)
+        for name, kind, workers, mode in (*ROWS, CONTROL):
+            got, cpu = paired(root, kind, workers, mode, windows, batches,
+                              control=name == CONTROL[0])
             on, off = got[True], got[False]
             ratios = common.paired(on, off)
             print(common.row(name, f"{statistics.median(on) * 1e6:.1f}",
@@ -199,7 +234,7 @@ def main(windows: int = 30, batches: int = 200, quick: bool = False) -> None:
                              f"{statistics.median(cpu[True]) * 1e6:.1f}",
                              f"{statistics.median(cpu[False]) * 1e6:.1f}",
                              f"{statistics.median(cpu[True]) / statistics.median(cpu[False]):.3f}"))
-        print("\nThe recording alone (one thread, 256 B records, batch 256; CPU time, best of "
+        print("\nThe recording alone (one thread, 256 B records, batch 256; CPU time, median of "
               "10 rounds):\n")
         print(common.table(["what", "µs per batch"],
                            [(label.strip(), f"{cost / 1e3:.2f}")

@@ -926,8 +926,9 @@ class _Pipeline(Window):
                 claimed = ns()  # (else the build's own start)
             if ahead and self.builder.going_to_disk():
                 self.builder.read_ahead(ahead, self.steps)
+            timed = None if clock is None else clock.pick()  # (None: an untimed batch)
             try:
-                item = self.builder.produce(step, self.memory, clock)
+                item = self.builder.produce(step, self.memory, timed)
             except BaseException as e:
                 item = Failure(e)
             with cond:
@@ -939,8 +940,11 @@ class _Pipeline(Window):
                 if clock is not None:  # (recorded under the lock held anyway)
                     free = ns()
                     if type(item) is not Failure:
-                        start = claimed if ahead else clock.start
-                        clock.record(free - clock.finish, start - idle_from, free - start)
+                        if timed is not None:
+                            start = claimed if ahead else clock.start
+                            clock.record(free - clock.finish, start - idle_from, free - start)
+                    elif timed is None:
+                        clock.uncount()
                     idle_from = free
 
     def _next_in_process(self) -> Any:
@@ -953,15 +957,17 @@ class _Pipeline(Window):
         collector = self.collector
         if collector is None:
             return self._build_in_process(None)
-        began = collector.begin()
+        began = collector.begin()  # (None: an untimed call)
         try:
             return self._build_in_process(began)
         except BaseException:
-            collector.abandon(began)
+            if began is not None:
+                collector.abandon(began)
             raise
 
     def _build_in_process(self, began: tuple[int, Any] | None) -> Any:
         clock = self.own_clock
+        collector = self.collector
         with self.turn:
             while True:
                 with self.cond:
@@ -973,16 +979,26 @@ class _Pipeline(Window):
                     ahead = self.steps_ahead(step, self.readahead)
                 if ahead and self.builder.going_to_disk():
                     self.builder.read_ahead(ahead, self.steps)
-                item = self.builder.produce(step, self.memory, clock)
+                timed = None if clock is None else clock.pick()  # (None: untimed)
+                try:
+                    item = self.builder.produce(step, self.memory, timed)
+                except BaseException:
+                    if clock is not None and timed is None:
+                        clock.uncount()
+                    raise
                 with self.cond:
                     if self.closed:
                         raise LoaderClosedError("the DataLoader was closed while this batch "
                                                 "was being built; the batch is discarded")
                     if generation == self.generation:  # else a seek came: build its step
-                        if began is not None and clock is not None:
+                        if clock is not None and collector is not None:
                             # Before the step is consumed: an interrupt in here leaves it to
                             # be built again, as one in the build does.
-                            clock.record(0, 0, clock.sample + clock.read + clock.transform)
-                            self._record(began, 0)
+                            if timed is not None:
+                                clock.record(0, 0, clock.sample + clock.read + clock.transform)
+                            if began is None:
+                                collector.skipped()
+                            else:
+                                self._record(began, 0)
                         self.next_step = step + 1
                         return item

@@ -138,7 +138,7 @@ class Builder:
         """:meth:`produce`, each stage timed into ``clock`` (and traced while a profiler
         records): a few clock reads per batch."""
         ns = _ns
-        trace = clock.trace()
+        trace = clock.tracing
         sizes: list[int] = []
         stage = "building the batch"
         try:

@@ -12,7 +12,17 @@ per octave (bounded: under a thousand integers, whatever the run's length), from
 p50 and p99 come within a few percent; histograms add up across workers and subtract between
 two snapshots, so "since the start" and "since the last call" are both exact in their counts.
 
-The hot path does a few clock reads and extends a list once per batch: each worker (thread
+Sampling: a batch that takes :data:`TIME_ALL_ABOVE_NS` or more is always timed; faster ones
+are timed one in about ``TIME_ALL_ABOVE_NS / duration`` (at random, at most one in
+:data:`MAX_STRIDE`), each timed one weighted by the batches it stands for -- itself and the
+untimed ones before it -- so that the recording costs well under 1% of any batch's time while
+the totals remain unbiased estimates. Counts are exact (untimed batches are counted, and a
+snapshot extrapolates the stages' totals over those not yet followed by a timed one); with
+every batch timed (slow batches, or while a framework profiler records) so is everything else.
+The consumer's ``next()`` calls are sampled the same way, by the time between them, and worker
+processes sample their batches as threads do.
+
+The hot path does a few clock reads and extends a list once per timed batch: each worker (thread
 or, on the consumer's side, process) has its own :class:`Recorder`, which it writes only while
 it holds the pipeline's lock -- which it holds at that moment anyway, to file its batch (the
 consumer, to take one) -- and a snapshot folds the recorders into the histograms under that
@@ -33,6 +43,7 @@ builds) on the thread that runs them.
 from __future__ import annotations
 
 import os
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -56,6 +67,12 @@ STAGE_NAMES = {"sample": "index sampling", "read": "store read and decode",
 
 #: A recorder folds its pending tuples into the histograms after this many batches.
 FOLD_EVERY = 1024
+#: Batches (and the consumer's calls) that take at least this long are all timed; faster ones
+#: are sampled so that the recording of a timed one -- about 5 us on a 2-core guest -- costs
+#: about 0.25% of their time.
+TIME_ALL_ABOVE_NS = 2_000_000
+#: At most one batch in this many goes untimed between two timed ones, on average.
+MAX_STRIDE = 256
 #: Histogram buckets: 0..15 ns one each, then 16 per octave up to 2**64 ns.
 _BUCKETS = 16 + 60 * 16
 
@@ -99,39 +116,62 @@ def _bounds(i: int) -> tuple[int, int]:
 
 
 class _Hist:
-    """A stage's count, total, largest value and histogram (nanoseconds)."""
+    """A stage's count, total, largest value and histogram (nanoseconds), and how many of
+    its runs were timed (the others counted, and weighted into the histogram and total)."""
 
-    __slots__ = ("buckets", "count", "largest", "total")
+    __slots__ = ("buckets", "count", "largest", "timed", "total")
 
     def __init__(self) -> None:
-        self.count = self.total = self.largest = 0
+        self.count = self.total = self.largest = self.timed = 0
         self.buckets = np.zeros(_BUCKETS, np.int64)
 
-    def add(self, values: np.ndarray) -> None:
+    def add(self, values: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """Files ``values``, each standing for ``weights`` of them (1 each if None)."""
         if not len(values):
             return
-        self.count += len(values)
-        self.total += int(values.sum())
         self.largest = max(self.largest, int(values.max()))
-        self.buckets += np.bincount(_buckets_of(values), minlength=_BUCKETS)
+        self.timed += len(values)
+        if weights is None:
+            self.count += len(values)
+            self.total += int(values.sum())
+            self.buckets += np.bincount(_buckets_of(values), minlength=_BUCKETS)
+            return
+        self.count += int(weights.sum())
+        self.total += int((values * weights).sum())
+        self.buckets += np.bincount(_buckets_of(values), weights=weights,
+                                    minlength=_BUCKETS).astype(np.int64)
+
+    def extrapolated(self, more: int) -> _Hist:
+        """A copy counting ``more`` untimed runs, their total estimated by the mean of those
+        filed (the buckets, the sample the quantiles come from, unchanged)."""
+        out = self.copy()
+        if more > 0:
+            if self.count > 0:
+                out.total += round(self.total * more / self.count)
+            out.count += more
+        return out
 
     def merged(self, other: _Hist) -> _Hist:
         out = _Hist()
         out.count, out.total = self.count + other.count, self.total + other.total
         out.largest = max(self.largest, other.largest)
+        out.timed = self.timed + other.timed
         out.buckets = self.buckets + other.buckets
         return out
 
     def minus(self, before: _Hist) -> _Hist:
         out = _Hist()
-        out.count, out.total = self.count - before.count, self.total - before.total
+        # (extrapolated totals can overshoot what the next timed batch brings: not below 0)
+        out.count, out.total = self.count - before.count, max(0, self.total - before.total)
         out.largest = self.largest  # (the largest since the start: an upper bound)
+        out.timed = self.timed - before.timed
         out.buckets = self.buckets - before.buckets
         return out
 
     def copy(self) -> _Hist:
         out = _Hist()
         out.count, out.total, out.largest = self.count, self.total, self.largest
+        out.timed = self.timed
         out.buckets = self.buckets.copy()
         return out
 
@@ -140,7 +180,9 @@ class _Hist:
         if self.count <= 0:
             return 0.0
         cumulative = np.cumsum(self.buckets)
-        target = q * self.count
+        if cumulative[-1] <= 0:
+            return 0.0
+        target = q * int(cumulative[-1])  # (the sample's: counts may include untimed runs)
         i = int(np.searchsorted(cumulative, target, side="left"))
         if i >= _BUCKETS:
             return float(self.largest)
@@ -155,27 +197,46 @@ class _Hist:
 
 
 #: The fields of a batch's entry in a Recorder.
-_FIELDS = 8
+_FIELDS = 9
+
+
+def next_stride(duration: int, rng: random.Random) -> int:
+    """How many runs from this one to the next timed one (1: the next), after a timed run
+    that took ``duration`` ns: 1 from :data:`TIME_ALL_ABOVE_NS` up, else drawn uniformly
+    from ``stride +- stride // 2``, ``stride = TIME_ALL_ABOVE_NS / duration`` rounded up (at
+    most :data:`MAX_STRIDE`) -- at random, so that a pattern in the batches (every fourth one
+    slow) cannot hide from it, and no wider, so that the weights vary little."""
+    if duration >= TIME_ALL_ABOVE_NS:
+        return 1
+    stride = min(MAX_STRIDE, -(-TIME_ALL_ABOVE_NS // max(1, duration)))
+    half = stride >> 1
+    return stride - half + int(rng.random() * (2 * half + 1))
 
 
 class Recorder:
     """The timings of the batches one worker built (a thread worker's own, or a worker
-    process's as its replies report them). A batch is the 8 integers ``(sample, read,
-    transform, handoff, idle, busy, nbytes, cold)`` -- nanoseconds, then the bytes its gathers
-    wrote and whether its reads went to the device -- appended to the flat list ``pending``
-    (one C call) and folded into the histograms later. Every method is called with the
+    process's as its replies report them). A timed batch is the 9 integers ``(sample, read,
+    transform, handoff, idle, busy, nbytes, cold, weight)`` -- nanoseconds, then the bytes its
+    gathers wrote, whether its reads went to the device, and how many batches it stands for
+    (itself and the ``untimed`` ones before it) -- appended to the flat list ``pending`` (one
+    C call) and folded into the histograms later. Every method is called with the
     collector's lock (the pipeline's) held."""
 
-    __slots__ = ("busy", "cold", "hists", "nbytes", "pending")
+    __slots__ = ("busy", "cold", "hists", "nbytes", "pending", "untimed")
 
     def __init__(self) -> None:
         self.pending: list[int] = []
         self.hists = [_Hist() for _ in BUILD_STAGES]
         self.busy = self.nbytes = self.cold = 0
+        self.untimed = 0  # batches built since the last timed one
 
     def add(self, entry: tuple[int, ...]) -> None:
+        """Files a timed batch's first 8 fields (a worker process's, as its reply brought
+        them; the untimed ones before it counted in ``untimed``)."""
         pending = self.pending
         pending.extend(entry)
+        pending.append(self.untimed + 1)
+        self.untimed = 0
         if len(pending) >= FOLD_EVERY * _FIELDS:
             self._fold()
 
@@ -186,25 +247,40 @@ class Recorder:
             return
         self.pending = []
         columns = np.array(pending, np.int64).reshape(-1, _FIELDS).T
-        for hist, values in zip(self.hists, columns, strict=False):
-            hist.add(values)
-        self.busy += int(columns[5].sum())
-        self.nbytes += int(columns[6].sum())
-        self.cold += int(np.count_nonzero(columns[7]))
+        weights = columns[8]
+        every = bool((weights == 1).all())  # (every batch timed: the exact sums)
+        for hist, values in zip(self.hists, columns[:5], strict=True):
+            hist.add(values, None if every else weights)
+        self.busy += int(columns[5].sum() if every else (columns[5] * weights).sum())
+        self.nbytes += int(columns[6].sum() if every else (columns[6] * weights).sum())
+        self.cold += int(np.count_nonzero(columns[7]) if every
+                         else weights[columns[7] != 0].sum())
 
     def totals(self) -> _Totals:
+        """The figures so far, the batches built since the last timed one included (their
+        times, bytes and cold reads estimated by the means of the timed ones)."""
         self._fold()
-        return _Totals([h.copy() for h in self.hists], self.busy, self.nbytes, self.cold)
+        more = self.untimed
+        hists = [h.extrapolated(more) for h in self.hists]
+        busy, nbytes, cold = self.busy, self.nbytes, self.cold
+        timed = self.hists[0].count
+        if more and timed:
+            busy += round(busy * more / timed)
+            nbytes += round(nbytes * more / timed)
+            cold += round(cold * more / timed)
+        return _Totals(hists, busy, nbytes, cold)
 
 
 class Clock:
     """What :meth:`loaderx._loader.batch.Builder.produce` measured of the batch it built last, for
-    the one thread that builds with it, and whether to trace it (see :func:`spans`). A worker
-    process's clock has neither collector nor recorder: it sends its timings instead, and
-    traces nothing (the profiler that records is the consumer's)."""
+    the one thread that builds with it; whether to time the next batch (:meth:`pick`), and to
+    trace it (see :func:`spans`). A worker process's clock has neither collector nor recorder:
+    it samples its batches the same way and sends the timed ones' timings (and a mark for
+    each untimed one) with them, and traces nothing (the profiler that records is the
+    consumer's)."""
 
-    __slots__ = ("cold", "collector", "finish", "nbytes", "read", "recorder", "sample", "start",
-                 "transform")
+    __slots__ = ("cold", "collector", "finish", "left", "nbytes", "profilers", "read",
+                 "recorder", "rng", "sample", "start", "tracing", "transform")
 
     def __init__(self, collector: Collector | None, recorder: Recorder | None) -> None:
         self.collector = collector
@@ -212,30 +288,65 @@ class Clock:
         self.sample = self.read = self.transform = self.nbytes = 0
         self.start = self.finish = 0  # when the build began and ended (perf_counter_ns)
         self.cold = False
+        self.tracing: Callable[[str], Any] | None = None  # the batch's maker of named ranges
+        self.left = 1  # runs from the next one to the next timed one (1: the next is timed)
+        self.profilers = False  # whether a profiler's module was loaded at the last timed one
+        self.rng = random.Random()
 
-    def trace(self) -> Callable[[str], Any] | None:
-        """A maker of named ranges while a framework profiler records, else None."""
-        if self.collector is None:
+    def pick(self) -> Clock | None:
+        """This clock if the next batch is to be timed (see :func:`next_stride`; every batch
+        while a framework profiler records), else None, the batch then counted as built
+        untimed (by the building thread, the recorder's only writer of ``untimed`` outside
+        the lock; :meth:`uncount` if it fails). Whether a profiler's module is loaded is
+        looked up again at each timed batch: one imported later is seen within a stride."""
+        if self.profilers:
+            tracing = self.tracing = spans()
+            if tracing is not None:
+                return self
+        left = self.left
+        if left > 1:
+            self.left = left - 1
+            recorder = self.recorder
+            if recorder is not None:
+                recorder.untimed += 1
             return None
-        modules = sys.modules
-        if "torch.autograd.profiler" not in modules and "jax.profiler" not in modules:
-            return None  # the common case, first
-        return spans()
+        if not _profilers_loaded():
+            self.profilers, self.tracing = False, None
+        elif not self.profilers:
+            self.profilers = True
+            self.tracing = spans()
+        return self
 
     def record(self, handoff: int, idle: int, busy: int) -> None:
-        """Files the batch just built, with its hand-off, idle and busy times (called with
-        the pipeline's lock held). Never raises: a worker thread must not die of its
+        """Files the timed batch just built, with its hand-off, idle and busy times (called
+        with the pipeline's lock held), and draws when to time the next (all a worker
+        process's clock does: it has no recorder). Never raises: a worker must not die of its
         statistics."""
-        recorder = self.recorder
-        if recorder is not None:
-            try:
+        try:
+            recorder = self.recorder
+            if recorder is not None:
                 pending = recorder.pending
                 pending.extend((self.sample, self.read, self.transform, handoff, idle, busy,
-                                self.nbytes, self.cold))
+                                self.nbytes, self.cold, recorder.untimed + 1))
+                recorder.untimed = 0
                 if len(pending) >= FOLD_EVERY * _FIELDS:
                     recorder._fold()
-            except Exception:
-                pass
+            self.left = next_stride(busy, self.rng)
+        except Exception:
+            pass
+
+    def uncount(self) -> None:
+        """Takes back the count of an untimed batch whose build failed."""
+        recorder = self.recorder
+        if recorder is not None and recorder.untimed > 0:
+            recorder.untimed -= 1
+
+
+def _profilers_loaded() -> bool:
+    """Whether torch's or JAX's profiler module is loaded (whether :func:`spans` can give
+    ranges at all)."""
+    modules = sys.modules
+    return "torch.autograd.profiler" in modules or "jax.profiler" in modules
 
 
 class _Totals:
@@ -257,28 +368,39 @@ class _Totals:
 
 
 class _Consumer:
-    """The consumer's ``next()`` calls: each one's wait, and how many batches were ready when
-    it asked. The first call (the workers' start) is kept apart. Written and read with the
-    collector's lock held (several consumer threads may share a loader)."""
+    """The consumer's ``next()`` calls: each timed one's wait, how many batches were ready when
+    it asked, and how many calls it stands for (itself and the ``untimed`` ones before it).
+    The first call (the workers' start) is kept apart. Written and read with the collector's
+    lock held (several consumer threads may share a loader)."""
 
-    __slots__ = ("first_end", "hist", "pending", "queue", "startup")
+    __slots__ = ("first_end", "hist", "last_end", "pending", "queue", "startup", "untimed")
 
     def __init__(self, capacity: int) -> None:
-        self.pending: list[int] = []  # (wait ns, batches ready) per call, flat
+        self.pending: list[int] = []  # (wait ns, batches ready, weight) per timed call, flat
         self.hist = _Hist()
         self.queue = np.zeros(capacity + 2, np.int64)  # how many calls found n batches ready
         self.startup: int | None = None
         self.first_end = 0
+        self.last_end = 0  # when the last timed call returned
+        self.untimed = 0
 
     def fold(self) -> None:
         pending = self.pending
         if not pending:
             return
         self.pending = []
-        columns = np.array(pending, np.int64).reshape(-1, 2).T
-        self.hist.add(columns[0])
+        columns = np.array(pending, np.int64).reshape(-1, 3).T
+        weights = columns[2]
+        every = bool((weights == 1).all())
+        self.hist.add(columns[0], None if every else weights)
         top = len(self.queue) - 1
-        self.queue += np.bincount(np.minimum(columns[1], top), minlength=top + 1)
+        self.queue += np.bincount(np.minimum(columns[1], top), None if every else weights,
+                                  minlength=top + 1).astype(np.int64)
+
+    def wait(self) -> _Hist:
+        """The waits so far, the untimed calls since the last timed one included."""
+        self.fold()
+        return self.hist.extrapolated(self.untimed)
 
 
 @dataclass(frozen=True)
@@ -309,6 +431,9 @@ class Collector:
         self.recorders: list[Recorder] = []
         self.threads: list[int] = []  # the worker threads' native ids
         self.consumer = _Consumer(capacity)
+        self.left = 1  # the consumer's calls from the next one to the next timed one
+        self.profilers = False  # whether a profiler's module was loaded at the last timed one
+        self.rng = random.Random()
         self.pids = pids
         self.before: Callable[[], None] | None = None
         self.base: _Cumulative | None = None   # at the end of the first next()
@@ -337,16 +462,25 @@ class Collector:
 
     # -- the consumer ------------------------------------------------------------------------
 
-    def begin(self) -> tuple[int, Any]:
-        """A ``next()`` starts: its start time and its trace range (or None)."""
-        modules = sys.modules
-        if "torch.autograd.profiler" not in modules and "jax.profiler" not in modules:
-            return _ns(), None  # the common case, first
-        trace = spans()
-        span = None
-        if trace is not None:
-            span = trace("loaderx.next")
-            span.__enter__()
+    def begin(self) -> tuple[int, Any] | None:
+        """A ``next()`` starts: its start time and its trace range (or None), or None if this
+        call goes untimed (see :func:`next_stride`) -- the caller then reports it with
+        :meth:`skipped`. Several consumer threads may race on the countdown: it only decides
+        which calls are timed, the counting is done under the lock."""
+        trace = spans() if self.profilers else None
+        if trace is None:
+            left = self.left
+            if left > 1:
+                self.left = left - 1
+                return None
+            self.profilers = _profilers_loaded()  # (looked up again at each timed call)
+            if not self.profilers:
+                return _ns(), None
+            trace = spans()
+            if trace is None:
+                return _ns(), None
+        span = trace("loaderx.next")
+        span.__enter__()
         return _ns(), span
 
     def end(self, began: tuple[int, Any], ready: int) -> None:
@@ -356,16 +490,26 @@ class Collector:
         now = _ns()
         consumer = self.consumer
         if consumer.startup is not None:
+            weight = consumer.untimed + 1
+            consumer.untimed = 0
             pending = consumer.pending
-            pending.extend((now - start, ready))
-            if len(pending) >= 2 * FOLD_EVERY:
+            pending.extend((now - start, ready, weight))
+            if len(pending) >= 3 * FOLD_EVERY:
                 consumer.fold()
+            # The calls' mean period since the last timed one sets when to time the next.
+            self.left = next_stride((now - consumer.last_end) // weight, self.rng)
         else:
             consumer.startup = now - start
             consumer.first_end = now
             self._mark_start(now)
+        consumer.last_end = now
         if span is not None:
             span.__exit__(None, None, None)
+
+    def skipped(self) -> None:
+        """Counts a ``next()`` that went untimed and returned a batch (called with the lock
+        held)."""
+        self.consumer.untimed += 1
 
     def abandon(self, began: tuple[int, Any]) -> None:
         """The ``next()`` that ``began`` raised."""
@@ -413,8 +557,7 @@ class Collector:
             for r in self.recorders:
                 totals = totals.merged(r.totals())
             consumer = self.consumer
-            consumer.fold()
-            wait, queue = consumer.hist.copy(), consumer.queue.copy()
+            wait, queue = consumer.wait(), consumer.queue.copy()
         cpu, workers = self._cpu()
         return _Cumulative(_ns(), totals, wait, queue, cpu, workers, _machine())
 
@@ -475,7 +618,10 @@ def _task_cpu(root: str) -> int | None:
 @dataclass(frozen=True)
 class Stage:
     """One stage over a period: how many times it ran, its total, mean, median, 99th
-    percentile and largest duration, in seconds (``largest`` is since the start)."""
+    percentile and largest duration, in seconds (``largest`` is since the start), and
+    ``timed``: how many of the ``count`` runs were timed -- all of them when runs take
+    :data:`TIME_ALL_ABOVE_NS` or more, else a random sample that the total, mean and
+    percentiles are estimated from (see :mod:`loaderx._loader.stats`)."""
 
     count: int
     total: float
@@ -483,13 +629,14 @@ class Stage:
     p50: float
     p99: float
     largest: float
+    timed: int = 0
 
     @staticmethod
     def of(hist: _Hist) -> Stage:
         n = hist.count
         return Stage(n, hist.total / 1e9, hist.total / n / 1e9 if n else 0.0,
                      hist.quantile(0.5) / 1e9, hist.quantile(0.99) / 1e9,
-                     hist.largest / 1e9 if n else 0.0)
+                     hist.largest / 1e9 if n else 0.0, hist.timed)
 
 
 @dataclass(frozen=True)
@@ -504,6 +651,8 @@ class Period:
       ``handoff``, ``idle``, ``wait``; see :mod:`loaderx._loader.stats`).
     * ``bytes_read`` -- bytes the gathers wrote; ``from_device`` -- batches whose reads went
       to the device rather than the page cache (as the stores' ``recently_cold`` tells).
+      Like the stages' totals, both are estimated from the timed batches when fast batches
+      are sampled (``stages["read"].timed < built``), and exact otherwise.
     * ``waited`` -- the fraction of the wall time the consumer spent waiting in ``next()``.
     * ``queue_mean`` -- batches ready, on average, when ``next()`` was called (process
       workers: those whose replies were read); ``queue_empty`` -- the fraction of calls that
@@ -761,12 +910,12 @@ def format_period(p: Period, total: Period, mode: str, workers: int,
              f"call ({p.batches_per_second:.1f}/s); {total.batches} in {total.seconds:.2f} s "
              "since the first"
              + (f" (which took {startup:.3f} s)" if startup is not None else "")]
-    lines.append(f"  {'stage':<30}{'count':>8}{'total s':>10}{'mean ms':>10}{'p50 ms':>10}"
-                 f"{'p99 ms':>10}")
+    lines.append(f"  {'stage':<30}{'count':>8}{'timed':>8}{'total s':>10}{'mean ms':>10}"
+                 f"{'p50 ms':>10}{'p99 ms':>10}")
     for name in STAGES:
         s = p.stages[name]
-        lines.append(f"  {STAGE_NAMES[name]:<30}{s.count:>8}{s.total:>10.3f}{_ms(s.mean):>10}"
-                     f"{_ms(s.p50):>10}{_ms(s.p99):>10}")
+        lines.append(f"  {STAGE_NAMES[name]:<30}{s.count:>8}{s.timed:>8}{s.total:>10.3f}"
+                     f"{_ms(s.mean):>10}{_ms(s.p50):>10}{_ms(s.p99):>10}")
     mib = p.bytes_read / 2**20
     lines.append(f"  read {mib:.1f} MiB ({mib / p.seconds if p.seconds else 0:.1f} MiB/s); "
                  f"{p.from_device} of {p.built} batches from the device")

@@ -176,6 +176,8 @@ class Window:
                 self._moved()
                 if began is not None:  # (an interrupt in here gives the step back, as above)
                     self._record(began, queued)
+                elif collector is not None:
+                    collector.skipped()  # (an untimed call: counted only)
         except BaseException:
             # An interrupt (KeyboardInterrupt from a signal handler inside notify or the
             # condition's __enter__/__exit__, which are Python code) must neither lose a

@@ -236,6 +236,9 @@ class ProcessPipeline(Window):
             arrived, self.arrived = self.arrived, []
             recorders = self.recorders
             for index, times, decoded in arrived:
+                if not times:  # a batch the worker built untimed: counted
+                    recorders[index].untimed += 1
+                    continue
                 sample, read, transform, encoded, sent, idle, nbytes, cold = times
                 recorders[index].add((sample, read, transform, encoded + sent + decoded, idle,
                                       sample + read + transform + encoded + sent, nbytes,
@@ -471,10 +474,11 @@ class ProcessPipeline(Window):
         batch = None
         decoded = 0
         if wanted:
-            began = _ns()
+            began = _ns() if times else 0  # (the decode is timed with a timed batch)
             batch = (decode_flat(keys, refs, w.maps, loan) if message[0] == "flat"
                      else decode(skeleton, w.maps, loan))
-            decoded = _ns() - began
+            if times:
+                decoded = _ns() - began
         timed = None if times is None else (w.index, times, decoded)
         reader, count = w.reader, len(fds)
         # The commit: nothing from here to the end of it calls anything.

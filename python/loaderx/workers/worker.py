@@ -230,8 +230,9 @@ def _exit_when_orphaned(fd: int) -> None:
 def _build(builder: Builder, arena: Arena, generation: int, step: int, clock: Clock | None,
            idle: int, sent: int) -> tuple[tuple[Any, ...], list[int]]:
     memory = BatchMemory(arena)
+    timed = None if clock is None else clock.pick()  # (None: untimed, or statistics off)
     try:
-        out = builder.produce(step, memory, clock)
+        out = builder.produce(step, memory, timed)
         encoding = time.perf_counter_ns()
         skeleton, lent = encode(out, memory, arena)
         encoded = time.perf_counter_ns() - encoding
@@ -241,8 +242,15 @@ def _build(builder: Builder, arena: Arena, generation: int, step: int, clock: Cl
         return _failure(generation, step, e), []
     fresh, fds, retired = arena.handed_over()
     idents = [s.ident for s in lent]
-    times = None if clock is None else (clock.sample, clock.read, clock.transform, encoded,
-                                        sent, idle, clock.nbytes, clock.cold)
+    # The timings (statistics on, a timed batch); () for a batch built untimed, which the
+    # consumer counts (see Clock.pick); None with statistics off.
+    times: tuple[int, ...] | None = None
+    if timed is not None:
+        times = (timed.sample, timed.read, timed.transform, encoded, sent, idle, timed.nbytes,
+                 timed.cold)
+        timed.record(0, 0, timed.sample + timed.read + timed.transform + encoded + sent)
+    elif clock is not None:
+        times = ()
     if type(skeleton) is Flat:
         return ("flat", generation, step, skeleton.keys, skeleton.refs, idents, fresh,
                 retired, times), fds
