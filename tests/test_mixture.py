@@ -571,6 +571,31 @@ def test_packed_sources_carry_their_segment_ids_and_positions(tmp_path):
             assert np.array_equal(b["tok_positions"][i], pos[0])
 
 
+def test_packed_sources_without_their_native_batch_call_read_the_same(tmp_path, monkeypatch):
+    """The way a packed source is read when it has no bound native call (each source's
+    gather_with_segments into its rows of the batch) gives the batch the native calls give."""
+    code = pack(_corpus(tmp_path / "code", 1, 100, 60, 0), 32, eos_id=0)
+    prose = pack(_corpus(tmp_path / "prose", 100, 200, 40, 1), 32, eos_id=0)
+    m = mix([code, prose], [3, 1], seed=2)
+
+    def batch(start):
+        idxs = np.arange(start, start + 16, dtype=np.uint64)
+        dst = np.empty(16 * m.record_bytes, dtype=np.uint8)
+        m.gather_rows(idxs, dst)
+        return dst, m.companions("tok", idxs)
+
+    native = [batch(k * 16) for k in range(6)]
+    monkeypatch.setattr(m, "_fills", [None] * 2)
+    monkeypatch.setattr(m._core, "filler", lambda *a: None)
+    for k, (dst, comp) in enumerate(native):
+        got, got_comp = batch(k * 16)
+        assert np.array_equal(got, dst)
+        assert sorted(got_comp) == sorted(comp)
+        for key in comp:
+            assert np.array_equal(got_comp[key], comp[key]), key
+    assert native[0][1]["tok_segment_ids"].any() and native[0][1]["tok_positions"].any()
+
+
 def test_companions_are_kept_for_the_positions_gathered_not_their_bytes(tmp_path):
     """The segment ids written by gather_rows are reused only for the same positions: an int32
     batch with the gathered uint64 batch's bytes gets its own."""

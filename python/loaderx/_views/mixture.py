@@ -421,9 +421,12 @@ _PLAIN, _COMPANIONS, _SEGMENTS = 0, 1, 2
 
 
 class _Gathered(threading.local):
-    """The companion arrays of the batch a thread gathered last (by the batch's positions)."""
+    """The companion arrays of the batch a thread gathered last, and that batch's resolution
+    (the thread's own :meth:`_Core.resolve` gives the same object for the same positions
+    while it keeps it: a later call for them finds the arrays by identity, not by
+    comparing the positions again)."""
 
-    key: tuple[str, bytes] = ("", b"")
+    of: _Resolved | None = None
     arrays: dict[str, np.ndarray] | None = None
 
 
@@ -446,6 +449,7 @@ class Mixture:
         self.kind: str = first.kind
         self._dtype = np.dtype(first.dtype)
         self._item_shape = tuple(first.item_shape)
+        self._row_items = math.prod(self._item_shape)  # (a packed row's tokens)
         if self.kind == "dense":
             self.record_bytes = int(first.record_bytes)
         self._companion_suffixes: tuple[str, ...] = ()
@@ -605,26 +609,34 @@ class Mixture:
         name = self._name
         rb = self.record_bytes
         extra: dict[str, np.ndarray] | None = None
-        for s, p, lo, hi, local in core.resolve(idxs).groups:
+        seg_flat: np.ndarray | None = None  # a packed source's segment ids and positions
+        pos_flat: np.ndarray | None = None
+        width, suffixes = self._row_items, self._companion_suffixes
+        resolved = core.resolve(idxs)
+        for s, p, lo, hi, local in resolved.groups:
             ds = self._stream(s, p)
             how = self._how[s]
             if rows is not None:
                 ds.gather_rows(local, dst, shards, np.ascontiguousarray(rows[lo:hi],
                                                                          dtype=np.uint64))
             elif how == _SEGMENTS:  # a packed view: tokens, segment ids, positions at once
-                if extra is None:
-                    extra = {self._companion_suffixes[0]: np.empty((n, *self._item_shape),
-                                                                   dtype=np.int32),
-                             self._companion_suffixes[1]: np.empty((n, *self._item_shape),
-                                                                   dtype=np.int32)}
-                seg, pos = extra.values()
+                if seg_flat is None:  # (flat: a source's rows are one slice of each)
+                    seg_flat = np.empty(n * width, dtype=np.int32)
+                    pos_flat = np.empty(n * width, dtype=np.int32)
+                    if extra is None:
+                        extra = {}
+                    extra[suffixes[0]] = seg_flat.reshape(n, *self._item_shape)
+                    extra[suffixes[1]] = pos_flat.reshape(n, *self._item_shape)
+                assert pos_flat is not None
                 fill = self._fills[s] if self._fixed[s] is not None else core.filler(s, name, p, ds)
+                a, b = lo * width, hi * width
                 if fill is not None:
-                    fill(local, dst[lo * rb:hi * rb], seg[lo:hi].reshape(-1),
-                         pos[lo:hi].reshape(-1), shards)
+                    fill(local, dst[lo * rb:hi * rb], seg_flat[a:b], pos_flat[a:b], shards)
                 else:
-                    ds.gather_with_segments(local, dst[lo * rb:hi * rb], seg[lo:hi],
-                                            pos[lo:hi], shards)
+                    shape = (hi - lo, *self._item_shape)
+                    ds.gather_with_segments(local, dst[lo * rb:hi * rb],
+                                            seg_flat[a:b].reshape(shape),
+                                            pos_flat[a:b].reshape(shape), shards)
                 continue
             else:
                 ds.gather_rows(local, dst[lo * rb:hi * rb], shards)
@@ -634,7 +646,7 @@ class Mixture:
                 _place(extra, ds.companions("", local), lo, hi, n)
         if extra is not None:
             g = self._gathered
-            g.key, g.arrays = (idxs.dtype.str, idxs.tobytes()), extra
+            g.of, g.arrays = resolved, extra
 
     def companions(self, name: str, idxs: np.ndarray) -> dict[str, np.ndarray]:
         """``name_source`` (int32: each row's source index) and the sources' own companion
@@ -644,7 +656,7 @@ class Mixture:
         if self._has_companions:
             g = self._gathered
             arrays = g.arrays
-            if arrays is None or g.key != (idxs.dtype.str, idxs.tobytes()):
+            if arrays is None or g.of is not r:
                 arrays = {}
                 for s, p, lo, hi, local in r.groups:
                     ds = self._stream(s, p)
