@@ -263,11 +263,11 @@ class Recorder:
         more = self.untimed
         hists = [h.extrapolated(more) for h in self.hists]
         busy, nbytes, cold = self.busy, self.nbytes, self.cold
-        timed = self.hists[0].count
-        if more and timed:
-            busy += round(busy * more / timed)
-            nbytes += round(nbytes * more / timed)
-            cold += round(cold * more / timed)
+        filed = self.hists[0].count  # the batches the figures above stand for
+        if more and filed:
+            busy += round(busy * more / filed)
+            nbytes += round(nbytes * more / filed)
+            cold += round(cold * more / filed)
         return _Totals(hists, busy, nbytes, cold)
 
 
