@@ -14,14 +14,16 @@ interpreter scripts/freethreaded.sh makes is present (otherwise the run says so 
 Needs Rust (rustup, with the targets: the run names any that are missing), a C compiler and
 Python >= 3.11. maturin, ziglang and auditwheel come from the package index into a tools
 environment outside the checkout (~/.cache/loaderx-wheel-tools, made on first use); each target's
-cargo target directory is kept under ~/.cache/loaderx-wheel-target (LOADERX_WHEEL_TARGET), so a
-fresh clone compiles only what changed. Every cargo run holds /tmp/loaderx-cargo.lock.
+cargo target directory is kept under ~/.cache/loaderx-wheel-target (LOADERX_WHEEL_TARGET), one
+per checkout, so a later build of the same checkout compiles only what changed. Every cargo run
+holds /tmp/loaderx-cargo.lock.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import os
 import shutil
 import subprocess
@@ -37,6 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path.home() / ".cache"
 TOOLS = Path(os.environ.get("LOADERX_WHEEL_TOOLS", CACHE / "loaderx-wheel-tools"))
 TARGET_CACHE = Path(os.environ.get("LOADERX_WHEEL_TARGET", CACHE / "loaderx-wheel-target"))
+# The target directories are per checkout (by its path): cargo judges a workspace crate fresh by
+# its sources' times against its last build, so another checkout's build of older sources in
+# the same directory would be taken for this one's, and a change left out of the wheel.
+CHECKOUT_KEY = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
 # Free-threaded interpreters, as scripts/freethreaded.sh builds them (cpython-3.13t/, ...).
 FT_CACHE = Path(os.environ.get("LOADERX_FT_CACHE", CACHE / "loaderx-ft"))
 # Empty: no lock (a machine that runs one build at a time).
@@ -208,7 +214,7 @@ def build_wheel(target: wheel_targets.Target, flavour: str, out: Path, stage: Pa
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     suffix = "" if flavour == "abi3" else f"-{flavour}"
-    env["CARGO_TARGET_DIR"] = str(TARGET_CACHE / f"{target.rust}{suffix}")
+    env["CARGO_TARGET_DIR"] = str(TARGET_CACHE / CHECKOUT_KEY / f"{target.rust}{suffix}")
     cmd = [sys.executable, "-m", "maturin", "build", "--release", "--zig", "--target",
            target.rust, "--compatibility", target.compatibility, "--out", str(here)]
     if flavour != "abi3":

@@ -230,10 +230,13 @@ fi
 
 # The project's wheel for this interpreter, from this checkout. Its own cargo target directory,
 # kept in the cache (LOADERX_FT_TARGET to move it): the GIL build's (abi3, in target/release) is
-# not rebuilt in turn, and a fresh checkout compiles only what changed (the dependencies, zstd's
-# C code among them, once). The test hooks and benchmark ceilings are built as scripts/env.sh
-# builds them.
-target="${LOADERX_FT_TARGET:-$CACHE/target-${FT_SERIES}t}"
+# not rebuilt in turn, and a later run in the same checkout compiles only what changed. One
+# directory per checkout (by its path): cargo judges a workspace crate fresh by its sources'
+# times against its last build, so a build of another checkout's older sources in the same
+# directory would be taken for this one's and a change left out of the wheel. The test hooks and
+# benchmark ceilings are built as scripts/env.sh builds them.
+checkout_key="$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)"
+target="${LOADERX_FT_TARGET:-$CACHE/target-${FT_SERIES}t-$checkout_key}"
 need_space 2 "$CACHE" "the ${FT_SERIES}t wheel's build"
 dist="$ROOT/target/ft-wheels"
 rm -rf "$dist"
