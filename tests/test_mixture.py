@@ -155,6 +155,39 @@ def test_a_run_of_positions_is_the_order_at_those_positions(w, start, n):
                           np.array(m.counts(start + n)) - np.array(m.counts(start)))
 
 
+_LARGE: list[DenseDataset] = []
+
+
+@PROPS
+@given(st.lists(st.integers(0, 9), min_size=3, max_size=3).filter(any),
+       st.integers(0, 10**15), st.integers(1, 2000), st.booleans())
+def test_the_native_run_is_the_reference_order(w, start, n, native):
+    """A run's one native call (counts at its two ends, every source's draws; sources above
+    and below the small-source size, weights of 0 included) and the Python path give the
+    per-position order's records, source by source."""
+    if not _LARGE:
+        import tempfile
+
+        _LARGE.extend(_sources(tempfile.mkdtemp(prefix="loaderx-mix-"), [65, 1000, 30]))
+    core = mix(_LARGE, w, seed=start % 5)._core
+    assert core._mixed_run is not None
+    if not native:
+        core._mixed_run = None
+    idx = np.arange(start, start + n, dtype=np.uint64)
+    run = core.resolve(idx)
+    src, records = core.locate(idx)
+    order = np.argsort(src, kind="stable")
+    assert np.array_equal(run.src, src[order]) and np.array_equal(run.records, records[order])
+    assert run.take == np.bincount(src, minlength=3).tolist()
+    for s, _, lo, hi, rows in run.groups:  # each group one source's pass, in its rows
+        assert (src[order][lo:hi] == s).all() and np.array_equal(rows, records[order][lo:hi])
+
+
+def test_a_schedule_takes_the_python_path():
+    assert mix(_dense(2), None, schedule=[(0, [1, 1]), (100, [1, 3])],
+               batch_size=10)._core._mixed_run is None
+
+
 def test_a_batch_is_known_by_its_positions_not_its_bytes():
     """Index arrays of another dtype whose bytes equal the last batch's are other positions."""
     core = mix(_dense(2), [1, 1], seed=3)._core

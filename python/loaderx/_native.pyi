@@ -9,7 +9,7 @@ from numpy.typing import NDArray
 __all__ = ["Zrecord", "Sampler", "set_num_threads", "num_threads", "canonical_codec",
            "replace_file", "rename_noreplace", "rename_exchange",
            "begin_exit", "Across",
-           "pack_concat", "pack_first_fit", "mix_draws", "CODECS",
+           "pack_concat", "pack_first_fit", "mix_draws", "MixedRun", "CODECS",
            "FORMAT_VERSION", "MAX_RECORDS", "MAX_RECORD_BYTES",
            "copy_records", "pread_records", "write_profile", "engine_errors"]
 
@@ -43,6 +43,12 @@ def pack_first_fit(store: Zrecord, row_ptr: Any, row_docs: Any, sizes: Any, rows
 
 def mix_draws(out: NDArray[np.uint64], first: int, length: int, a: int, b: int,
               base: int) -> None: ...
+
+@final
+class MixedRun:
+    def __new__(cls, table: NDArray[np.uint16],
+                orders: list[tuple[int, int, int, int]]) -> MixedRun: ...
+    def run(self, first: int, records: NDArray[np.uint64]) -> tuple[list[int], list[int]]: ...
 
 # Benchmark ceilings: only in builds with the `bench` cargo feature (scripts/env.sh makes one;
 # wheels have none).

@@ -1,4 +1,4 @@
-//! `loaderx._native.Sampler` and `mix_draws`: the `PyO3` face of the `zsampler` crate.
+//! `loaderx._native.Sampler`, `MixedRun` and `mix_draws`: the `PyO3` face of the `zsampler` crate.
 //!
 //! Conversion, error mapping and buffer handling only; every index comes from `zsampler`. A batch
 //! is written straight into a caller-supplied, writable, C-contiguous uint64 buffer (a `NumPy` array
@@ -20,7 +20,7 @@ use pyo3::prelude::*;
 use zsampler::draws::SourceOrder;
 use zsampler::{Mode, Sampler as Core};
 
-use crate::buffers::slice_mut;
+use crate::buffers::{slice, slice_mut};
 
 /// From this many indices per batch the work is done detached from the interpreter.
 const DETACH_AT: u64 = 1 << 16;
@@ -159,8 +159,57 @@ fn mix_draws(
     result.map_err(crate::errors::sampler_to_py)
 }
 
-/// Add `Sampler` and `mix_draws` to the extension module.
+/// A mixture's batch bookkeeping: one period of its mixed order and its sources'
+/// permutations (see `zsampler::mixture`). Immutable: threads share it.
+#[pyclass(name = "MixedRun", module = "loaderx._native", frozen)]
+pub struct MixedRun {
+    core: zsampler::mixture::MixedRun,
+}
+
+#[pymethods]
+impl MixedRun {
+    /// `MixedRun(table, orders)`: `table` the uint16 source of each position of a period,
+    /// `orders` each source's `(length, a, b, base)` (see `mix_draws`).
+    #[new]
+    fn new(table: PyBuffer<u16>, orders: Vec<(u64, u64, u64, u64)>) -> PyResult<Self> {
+        let src = slice(&table, "table")?.to_vec();
+        let orders = orders
+            .into_iter()
+            .map(|(n, a, b, base)| SourceOrder::new(n, a, b, base))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(crate::errors::sampler_to_py)?;
+        let core =
+            zsampler::mixture::MixedRun::new(src, orders).map_err(crate::errors::sampler_to_py)?;
+        Ok(Self { core })
+    }
+
+    /// `run(first, records)`: positions `first, first + 1, ...` (one per entry of the uint64
+    /// buffer `records`): each source's draws before them and in them, as two lists, and the
+    /// records of those draws into `records`, grouped by source.
+    fn run(
+        &self,
+        py: Python<'_>,
+        first: u64,
+        records: &Bound<'_, PyAny>,
+    ) -> PyResult<(Vec<u64>, Vec<u64>)> {
+        let buf = PyBuffer::<u64>::get(records)
+            .map_err(|_| crate::errors::bad_argument("records must be a uint64 buffer"))?;
+        let out = slice_mut(&buf, "records")?;
+        let k = self.core.sources();
+        let (mut starts, mut takes) = (vec![0u64; k], vec![0u64; k]);
+        let result = if out.len() as u64 >= DETACH_AT {
+            crate::exit::detach(py, || self.core.run(first, out, &mut starts, &mut takes))
+        } else {
+            self.core.run(first, out, &mut starts, &mut takes)
+        };
+        result.map_err(crate::errors::sampler_to_py)?;
+        Ok((starts, takes))
+    }
+}
+
+/// Add `Sampler`, `MixedRun` and `mix_draws` to the extension module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Sampler>()?;
+    m.add_class::<MixedRun>()?;
     m.add_function(wrap_pyfunction!(mix_draws, m)?)
 }

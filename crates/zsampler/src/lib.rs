@@ -39,6 +39,7 @@ pub mod draws;
 mod feistel;
 mod iid;
 pub mod mix;
+pub mod mixture;
 pub mod packing;
 
 pub use feistel::{domain_bits, Permutation, MIN_BITS, ROUNDS};
@@ -128,6 +129,11 @@ pub enum SamplerError {
         /// Draws asked for.
         count: u64,
     },
+    /// A mixture's table that is not one (see [`mixture::MixedRun::new`]).
+    BadMixTable {
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 impl fmt::Display for SamplerError {
@@ -157,6 +163,7 @@ impl fmt::Display for SamplerError {
             SamplerError::DrawsOutOfRange { first, count } => {
                 write!(f, "{count} draws from draw {first} reach past the last draw number")
             }
+            SamplerError::BadMixTable { reason } => write!(f, "not a mixture's table: {reason}"),
         }
     }
 }

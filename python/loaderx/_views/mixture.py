@@ -228,6 +228,13 @@ class _Core:
         # Each source's permutation as the native draws take it: digits and key.
         self._orders = [(int(a), int(b), int(base))
                         for a, b, base in zip(self.ra, self.rb, self.bases, strict=True)]
+        # One table for the whole run (no schedule): a run of positions is one native call
+        # (zsampler::mixture: the counts at its two ends and every source's draws).
+        self._mixed_run: Any = None
+        if len(plan.pieces) == 1 and self.k <= 0xFFFF:
+            self._mixed_run = _native.MixedRun(
+                plan.last.x.src.astype(np.uint16),
+                [(n, *o) for n, o in zip(self.length_of, self._orders, strict=True)])
         self._local = _Local()
         self._lock = threading.Lock()
         self._passes: dict[tuple[int, str], OrderedDict[int, Any]] = {}
@@ -331,15 +338,21 @@ class _Core:
         return value
 
     def _run(self, p0: int, n: int) -> _Resolved:
-        c0, c1 = self.counts(p0), self.counts(p0 + n)
-        take = [b - a for a, b in zip(c0, c1, strict=True)]
+        native = self._mixed_run
+        every: np.ndarray | None = None
+        if native is not None:  # the records of the whole run, grouped by source, at once
+            every = np.empty(n, dtype=_U64)
+            c0, take = native.run(p0, every)
+        else:
+            c0, c1 = self.counts(p0), self.counts(p0 + n)
+            take = [b - a for a, b in zip(c0, c1, strict=True)]
         groups: list[tuple[int, int, int, int, np.ndarray]] = []
         lo = 0
         for s, m in enumerate(take):
             if not m:
                 continue
             d0 = c0[s]
-            records = self.draws(s, d0, d0 + m)
+            records = every[lo:lo + m] if every is not None else self.draws(s, d0, d0 + m)
             length = self.length_of[s]
             first, last = d0 // length, (d0 + m - 1) // length
             if first == last:
@@ -350,7 +363,7 @@ class _Core:
                     b = min(d0 + m, (p + 1) * length) - d0
                     groups.append((s, p, lo + a, lo + b, records[a:b]))
             lo += m
-        return _Resolved(groups, take)
+        return _Resolved(groups, take, None, every)
 
     def _scattered(self, pos: np.ndarray) -> _Resolved:
         src, draw = self.plan.locate(pos)
