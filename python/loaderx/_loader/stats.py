@@ -231,8 +231,8 @@ class Recorder:
         self.untimed = 0  # batches built since the last timed one
 
     def add(self, entry: tuple[int, ...]) -> None:
-        """Files a timed batch's first 8 fields (a worker process's, as its reply brought
-        them; the untimed ones before it counted in ``untimed``)."""
+        """Files a timed batch's first 8 fields (a thread's clock's, or a worker process's as
+        its reply brought them), weighted by itself and the ``untimed`` ones before it."""
         pending = self.pending
         pending.extend(entry)
         pending.append(self.untimed + 1)
@@ -248,13 +248,11 @@ class Recorder:
         self.pending = []
         columns = np.array(pending, np.int64).reshape(-1, _FIELDS).T
         weights = columns[8]
-        every = bool((weights == 1).all())  # (every batch timed: the exact sums)
         for hist, values in zip(self.hists, columns[:5], strict=True):
-            hist.add(values, None if every else weights)
-        self.busy += int(columns[5].sum() if every else (columns[5] * weights).sum())
-        self.nbytes += int(columns[6].sum() if every else (columns[6] * weights).sum())
-        self.cold += int(np.count_nonzero(columns[7]) if every
-                         else weights[columns[7] != 0].sum())
+            hist.add(values, weights)
+        self.busy += int((columns[5] * weights).sum())
+        self.nbytes += int((columns[6] * weights).sum())
+        self.cold += int(weights[columns[7] != 0].sum())
 
     def totals(self) -> _Totals:
         """The figures so far, the batches built since the last timed one included (their
@@ -325,12 +323,8 @@ class Clock:
         try:
             recorder = self.recorder
             if recorder is not None:
-                pending = recorder.pending
-                pending.extend((self.sample, self.read, self.transform, handoff, idle, busy,
-                                self.nbytes, self.cold, recorder.untimed + 1))
-                recorder.untimed = 0
-                if len(pending) >= FOLD_EVERY * _FIELDS:
-                    recorder._fold()
+                recorder.add((self.sample, self.read, self.transform, handoff, idle, busy,
+                              self.nbytes, self.cold))
             self.left = next_stride(busy, self.rng)
         except Exception:
             pass
@@ -391,10 +385,9 @@ class _Consumer:
         self.pending = []
         columns = np.array(pending, np.int64).reshape(-1, 3).T
         weights = columns[2]
-        every = bool((weights == 1).all())
-        self.hist.add(columns[0], None if every else weights)
+        self.hist.add(columns[0], weights)
         top = len(self.queue) - 1
-        self.queue += np.bincount(np.minimum(columns[1], top), None if every else weights,
+        self.queue += np.bincount(np.minimum(columns[1], top), weights,
                                   minlength=top + 1).astype(np.int64)
 
     def wait(self) -> _Hist:

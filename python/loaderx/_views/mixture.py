@@ -622,8 +622,8 @@ class Mixture:
         name = self._name
         rb = self.record_bytes
         extra: dict[str, np.ndarray] | None = None
-        seg_flat: np.ndarray | None = None  # a packed source's segment ids and positions
-        pos_flat: np.ndarray | None = None
+        # A packed source's segment ids and positions, flat: a source's rows are one slice.
+        flat: tuple[np.ndarray, np.ndarray] | None = None
         width, suffixes = self._row_items, self._companion_suffixes
         resolved = core.resolve(idxs)
         for s, p, lo, hi, local in resolved.groups:
@@ -633,14 +633,14 @@ class Mixture:
                 ds.gather_rows(local, dst, shards, np.ascontiguousarray(rows[lo:hi],
                                                                          dtype=np.uint64))
             elif how == _SEGMENTS:  # a packed view: tokens, segment ids, positions at once
-                if seg_flat is None:  # (flat: a source's rows are one slice of each)
-                    seg_flat = np.empty(n * width, dtype=np.int32)
-                    pos_flat = np.empty(n * width, dtype=np.int32)
+                if flat is None:
+                    flat = (np.empty(n * width, dtype=np.int32),
+                            np.empty(n * width, dtype=np.int32))
                     if extra is None:
                         extra = {}
-                    extra[suffixes[0]] = seg_flat.reshape(n, *self._item_shape)
-                    extra[suffixes[1]] = pos_flat.reshape(n, *self._item_shape)
-                assert pos_flat is not None
+                    extra[suffixes[0]] = flat[0].reshape(n, *self._item_shape)
+                    extra[suffixes[1]] = flat[1].reshape(n, *self._item_shape)
+                seg_flat, pos_flat = flat
                 fill = self._fills[s] if self._fixed[s] is not None else core.filler(s, name, p, ds)
                 a, b = lo * width, hi * width
                 if fill is not None:

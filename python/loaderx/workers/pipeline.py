@@ -474,10 +474,10 @@ class ProcessPipeline(Window):
         batch = None
         decoded = 0
         if wanted:
-            began = _ns() if times else 0  # (the decode is timed with a timed batch)
+            began = _ns()
             batch = (decode_flat(keys, refs, w.maps, loan) if message[0] == "flat"
                      else decode(skeleton, w.maps, loan))
-            if times:
+            if times:  # (the decode counts with a timed batch's hand-off)
                 decoded = _ns() - began
         timed = None if times is None else (w.index, times, decoded)
         reader, count = w.reader, len(fds)
