@@ -11,7 +11,9 @@ Sections (each row once per repeat, in turn, then the median and the per-repeat 
   batch: the loader's time per batch with ``num_workers=0`` over one store and over the mixture
   (target >= 0.95x), and
   the mixture's bookkeeping per batch -- which rows of which source, from scratch for each
-  batch -- against the packed batch's time (target < 1%).
+  batch -- against the packed batch's time (target < 1%): for packed sources, which the loader
+  reads in one native call, timed in the engine beside what a shuffled store of the same rows
+  spends on its order (the mixture's draws replace it); for dense ones, the Python resolution.
 * megatron -- 100 M samples of 10 sources (random weights): the setup of ``mix`` (time, peak
   memory, memory kept) against building Megatron's blending index -- its greedy rule (each
   sample goes to the source furthest behind ``weight * n``) in a C++ loop like Megatron's
@@ -37,7 +39,7 @@ import numpy as np
 
 import _bench_common as common
 from bench_packing import corpus_files, documents
-from loaderx import DataLoader, DenseDataset, RaggedDataset, mix, pack
+from loaderx import DataLoader, DenseDataset, RaggedDataset, _native, mix, pack
 from loaderx.converter import from_iterator, from_numpy
 
 
@@ -52,16 +54,23 @@ def loader_time(streams: dict[str, Any], batch: int, steps: int) -> float:
         return common.time_next(loader, steps, 10) / steps * 1e6
 
 
-def bookkeeping(m: Any, batch: int, steps: int) -> float:
-    """Microseconds per batch to resolve a batch's rows (sources, records, groups), with the
-    mixture's caches as a run leaves them (counts and draw blocks computed as needed)."""
+def bookkeeping(m: Any, batch: int, steps: int) -> tuple[float, float | None]:
+    """Microseconds per batch to resolve a batch's rows (which rows of which source), from
+    scratch for each batch, and what a shuffled store of the same rows spends on its order
+    (None where not measured). A mixture read in one native call (packed sources) resolves in
+    the engine: timed there (``mixed_run_seconds``), beside the engine's shuffled sampler batch;
+    else the Python resolution, with the mixture's caches as a run leaves them."""
     core = m._core
     start = 10_000 * batch
+    if getattr(m, "_mixed_pack", None) is not None and hasattr(_native, "mixed_run_seconds"):
+        run = _native.mixed_run_seconds(core._mixed_run, start, batch, steps * 20)
+        order = _native.shuffled_batch_seconds(int(core.lengths.sum()), batch, steps * 20)
+        return run * 1e6, order * 1e6
     t = time.perf_counter()
     for k in range(steps):
         core._local.key = b""
         core.resolve(np.arange(start + k * batch, start + (k + 1) * batch, dtype=np.uint64))
-    return (time.perf_counter() - t) / steps * 1e6
+    return (time.perf_counter() - t) / steps * 1e6, None
 
 
 def throughput(root: pathlib.Path, repeats: int) -> None:
@@ -81,8 +90,8 @@ def throughput(root: pathlib.Path, repeats: int) -> None:
     da, db = DenseDataset(root / "da"), DenseDataset(root / "db")
     cases.append(("dense 256 x 1 KiB", 256, DenseDataset(root / "dall"),
                   mix([da, db], [len(da), len(db)])))
-    results: dict[str, dict[str, list[float]]] = {c[0]: {"one": [], "mix": [], "book": []}
-                                                  for c in cases}
+    results: dict[str, dict[str, list[float]]] = {
+        c[0]: {"one": [], "mix": [], "book": [], "order": []} for c in cases}
     for _ in range(repeats):
         for label, batch, one, mixed in cases:
             steps = 400 if batch <= 64 else 150
@@ -90,18 +99,23 @@ def throughput(root: pathlib.Path, repeats: int) -> None:
             r["one"].append(loader_time({"t": one}, batch, steps))
             r["mix"].append(loader_time({"t": mixed}, batch, steps))
             fresh = mix(mixed.sources, mixed.weights)
-            r["book"].append(bookkeeping(fresh, batch, steps))
+            book, order = bookkeeping(fresh, batch, steps)
+            r["book"].append(book)
+            if order is not None:
+                r["order"].append(order)
     print("\n" + common.head("loader, num_workers=0", "one store µs/batch",
                              "mixture of two µs/batch", "mixture / one, throughput (range)",
-                             "bookkeeping µs/batch", "of the batch"))
+                             "bookkeeping µs/batch", "of the batch",
+                             "a shuffled store's order µs/batch"))
     for label, *_ in cases:
         r = results[label]
         one_t, mix_t = statistics.median(r["one"]), statistics.median(r["mix"])
         ratios = common.paired(r["one"], r["mix"])
         book = statistics.median(r["book"])
+        order = f"{statistics.median(r['order']):.2f}" if r["order"] else "-"
         print(common.row(label, f"{one_t:,.0f}", f"{mix_t:,.0f}",
                          f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)",
-                         f"{book:.1f}", f"{book / one_t:.1%}"))
+                         f"{book:.2f}", f"{book / one_t:.2%}", order))
 
 
 # -- Megatron-style blending index -------------------------------------------------------------

@@ -618,6 +618,7 @@ def test_packed_sources_without_their_native_batch_call_read_the_same(tmp_path, 
         return dst, m.companions("tok", idxs)
 
     native = [batch(k * 16) for k in range(6)]
+    monkeypatch.setattr(m, "_mixed_pack", None)
     monkeypatch.setattr(m, "_fills", [None] * 2)
     monkeypatch.setattr(m._core, "filler", lambda *a: None)
     for k, (dst, comp) in enumerate(native):
@@ -627,6 +628,91 @@ def test_packed_sources_without_their_native_batch_call_read_the_same(tmp_path, 
         for key in comp:
             assert np.array_equal(got_comp[key], comp[key]), key
     assert native[0][1]["tok_segment_ids"].any() and native[0][1]["tok_positions"].any()
+
+
+def _packed_sources(tmp_path):
+    """Packed views of every layout a mixture reads in one native call -- concat over a raw
+    store, first_fit over a zstd store, a view of a subset, documents stored in pieces, and a
+    source of a few rows (it cycles inside a batch) -- each with a twin that reads through
+    Python (no native store): the reference."""
+    rng = np.random.default_rng(7)
+    docs = [rng.integers(1, 60000, int(k), dtype=np.uint16) for k in rng.integers(3, 90, 70)]
+    from_iterator(tmp_path / "raw", docs, codec="raw")
+    from_iterator(tmp_path / "zstd", docs[:40], codec="zstd")
+    from_iterator(tmp_path / "pieces", docs[30:], codec="raw", max_record_bytes=64)
+    from_iterator(tmp_path / "few", docs[:3], codec="raw")
+    makers = [
+        lambda: pack(RaggedDataset(tmp_path / "raw"), 32, eos_id=0),
+        lambda: pack(RaggedDataset(tmp_path / "zstd"), 32, method="first_fit", eos_id=0,
+                     pad_id=7, truncate=True),
+        lambda: pack(RaggedDataset(tmp_path / "raw").subset(np.arange(69, 5, -3)), 32),
+        lambda: pack(RaggedDataset(tmp_path / "pieces"), 32, eos_id=1),
+        lambda: pack(RaggedDataset(tmp_path / "few"), 32, eos_id=0),
+    ]
+    views = [make() for make in makers]
+    refs = [make() for make in makers]
+    for ref in refs:
+        ref._native = None
+    assert len(views[4]) <= 8
+    return views, refs
+
+
+@pytest.mark.parametrize("emit", [True, False])
+def test_a_mixture_of_packed_views_reads_a_batch_in_one_native_call(tmp_path, emit):
+    """The batch of a run of positions (what the loader asks for) is read in one native call
+    (_native.MixedPack): its rows, segment ids, positions and sources equal each source's row
+    read through Python, for every layout, through passes over a small source; positions that
+    are not a run take the per-source path and read the same."""
+    views, refs = _packed_sources(tmp_path)
+    m = mix(views, [3, 3, 2, 2, 4], seed=4)
+    m._emit_source = emit  # (the second stream of a dict of sources has no _source key)
+    assert m._mixed_pack is not None
+    calls = []
+    real = m._mixed_pack
+
+    class Counting:
+        def fill(self, *a):
+            got = real.fill(*a)
+            calls.append(got is not None)
+            return got
+
+    m._mixed_pack = Counting()
+    n = 48
+    batches = [np.arange(k * n, (k + 1) * n, dtype=np.uint64) for k in range(5)]
+    batches += [np.arange(1000, 1000 + n, dtype=np.uint64)[::-1].copy(),
+                np.array([3, 3, 90, 1], dtype=np.uint64)]
+    for idxs in batches:
+        dst = np.empty(len(idxs) * m.record_bytes, dtype=np.uint8)
+        m.gather_rows(idxs, dst)
+        comp = m.companions("tok", idxs)
+        rows = dst.view(np.uint16).reshape(len(idxs), 32)
+        src, rec = m.locate(m.batch_order(idxs))
+        assert sorted(comp) == sorted(["tok_segment_ids", "tok_positions"]
+                                      + (["tok_source"] if emit else []))
+        if emit:
+            assert np.array_equal(comp["tok_source"], src)
+        for i in range(len(idxs)):
+            ref = refs[int(src[i])]
+            seg, pos = ref.segments([int(rec[i])])
+            assert np.array_equal(rows[i], ref[int(rec[i])]), (int(idxs[0]), i)
+            assert np.array_equal(comp["tok_segment_ids"][i], seg[0])
+            assert np.array_equal(comp["tok_positions"][i], pos[0])
+    assert calls == [True] * 5 + [False, False]
+
+
+def test_a_mixture_of_packed_views_in_a_loader_equals_the_per_source_path(tmp_path):
+    """The loader's batches with the one native call and without it (each source read on its
+    own) are the same, on threads and with shards."""
+    views, _ = _packed_sources(tmp_path)
+    kw = dict(batch_size=24, num_workers=2, shard_index=1, shard_count=2)
+    m = mix(views, [1, 1, 1, 1, 1], seed=9)
+    native = _run({"tok": m}, 6, **kw)
+    slow = mix(views, [1, 1, 1, 1, 1], seed=9)
+    slow._mixed_pack = None
+    for a, b in zip(native, _run({"tok": slow}, 6, **kw), strict=True):
+        assert sorted(a) == sorted(b)
+        for key in a:
+            assert np.array_equal(a[key], b[key]), key
 
 
 def test_companions_are_kept_for_the_positions_gathered_not_their_bytes(tmp_path):

@@ -9,9 +9,10 @@ from numpy.typing import NDArray
 __all__ = ["Zrecord", "Sampler", "set_num_threads", "num_threads", "canonical_codec",
            "replace_file", "rename_noreplace", "rename_exchange",
            "begin_exit", "Across",
-           "pack_concat", "pack_first_fit", "mix_draws", "MixedRun", "CODECS",
+           "pack_concat", "pack_first_fit", "mix_draws", "MixedRun", "MixedPack", "CODECS",
            "FORMAT_VERSION", "MAX_RECORDS", "MAX_RECORD_BYTES",
-           "copy_records", "pread_records", "write_profile", "engine_errors"]
+           "copy_records", "mixed_run_seconds", "shuffled_batch_seconds", "pread_records",
+           "write_profile", "engine_errors"]
 
 CODECS: tuple[str, ...]
 FORMAT_VERSION: int
@@ -50,9 +51,22 @@ class MixedRun:
                 orders: list[tuple[int, int, int, int]]) -> MixedRun: ...
     def run(self, first: int, records: NDArray[np.uint64]) -> tuple[list[int], list[int]]: ...
 
+@final
+class MixedPack:
+    def __new__(cls, table: NDArray[np.uint16], orders: list[tuple[int, int, int, int]],
+                sources: list[tuple[Zrecord, tuple[Any, ...], int | None,
+                                    tuple[Any, int, Any]]],
+                seq_len: int, itemsize: int, limit: int) -> MixedPack: ...
+    def fill(self, positions: NDArray[np.uint64], dst: Any, segments: NDArray[np.int32],
+             positions_out: NDArray[np.int32], sources: NDArray[np.int32] | None,
+             records: NDArray[np.uint64],
+             max_shards: int | None) -> tuple[list[int], list[int]] | None: ...
+
 # Benchmark ceilings: only in builds with the `bench` cargo feature (scripts/env.sh makes one;
 # wheels have none).
 def copy_records(src: Any, record: int, idxs: Any, dst: Any) -> None: ...
+def mixed_run_seconds(run: MixedRun, first: int, n: int, batches: int) -> float: ...
+def shuffled_batch_seconds(length: int, n: int, batches: int) -> float: ...
 def pread_records(path: str, offsets: Any, record: int, dst: Any, threads: int) -> None: ...
 def write_profile(reset: bool = False) -> dict[str, tuple[float, int]]: ...
 

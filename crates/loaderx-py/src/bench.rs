@@ -1,8 +1,9 @@
 //! Benchmark ceilings, built only with the `bench` feature (the development environment of
 //! `scripts/env.sh`; never in the default wheel): the same copy and the same reads a gather
 //! does, without the store, for `scripts/bench_store.py` and `scripts/bench_cold.py` to
-//! measure gathers against; and the engine's per-stage write clocks for
-//! `scripts/bench_write.py`.
+//! measure gathers against; the engine's per-stage write clocks for `scripts/bench_write.py`;
+//! and, for `scripts/bench_mix.py`, a mixture's per-batch resolution timed without crossing
+//! the binding, beside a shuffled store's sampler batch (what it stands in for).
 
 use pyo3::prelude::*;
 
@@ -68,7 +69,54 @@ fn write_profile(reset: bool) -> std::collections::HashMap<&'static str, (f64, u
 }
 
 /// Adds the ceilings to the native module.
+/// Seconds per batch to resolve `batches` consecutive runs of `n` positions of a mixture from
+/// position `first` on (each source's counts and draws: what a mixture's batch call does before
+/// it reads), timed in the engine.
+#[pyfunction]
+fn mixed_run_seconds(
+    py: Python<'_>,
+    run: &crate::sampler::MixedRun,
+    first: u64,
+    n: usize,
+    batches: u64,
+) -> PyResult<f64> {
+    let core = &run.core;
+    let k = core.sources();
+    let (mut records, mut starts, mut takes) = (vec![0u64; n], vec![0u64; k], vec![0u64; k]);
+    let t = std::time::Instant::now();
+    exit::detach(py, || {
+        for b in 0..batches {
+            core.run(first + b * n as u64, &mut records, &mut starts, &mut takes)?;
+            std::hint::black_box(&records);
+        }
+        Ok(())
+    })
+    .map_err(errors::sampler_to_py)?;
+    Ok(t.elapsed().as_secs_f64() / batches.max(1) as f64)
+}
+
+/// Seconds per batch of `n` indices of a store of `length` records in the shuffled (`cyclic`)
+/// order, timed in the engine: the order a mixture's draws replace.
+#[pyfunction]
+fn shuffled_batch_seconds(py: Python<'_>, length: u64, n: u64, batches: u64) -> PyResult<f64> {
+    let sampler = zsampler::Sampler::new(length, n, zsampler::Mode::Cyclic, 42)
+        .map_err(errors::sampler_to_py)?;
+    let mut out = vec![0u64; usize::try_from(n).unwrap_or(usize::MAX)];
+    let t = std::time::Instant::now();
+    exit::detach(py, || {
+        for step in 0..batches {
+            sampler.fill(step, &mut out)?;
+            std::hint::black_box(&out);
+        }
+        Ok(())
+    })
+    .map_err(errors::sampler_to_py)?;
+    Ok(t.elapsed().as_secs_f64() / batches.max(1) as f64)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(mixed_run_seconds, m)?)?;
+    m.add_function(wrap_pyfunction!(shuffled_batch_seconds, m)?)?;
     m.add_function(wrap_pyfunction!(copy_records, m)?)?;
     m.add_function(wrap_pyfunction!(write_profile, m)?)?;
     m.add_function(wrap_pyfunction!(pread_records, m)?)

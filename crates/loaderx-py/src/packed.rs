@@ -2,93 +2,312 @@
 //! The rows' parts come from the plan (`zsampler::packing`), their windows are gathered from
 //! the store (`zrecord`), then the end tokens, the padding, the segment ids and the positions
 //! are written, all with the GIL released. The plan's arrays are borrowed, never copied.
+//!
+//! `MixedPack`: one batch of a mixture of packed views in one call -- the run of positions
+//! resolved (`zsampler::mixture`), every source's rows planned as above, and all their windows
+//! read in one parallel job over the sources' stores (`zrecord::gather_parts_across`). The
+//! views' fixed arguments are taken once, when it is made.
+
+use std::sync::Arc;
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
-use zsampler::packing::{self, Layout, LayoutError, Part};
+use zrecord::StoreParts;
+use zsampler::draws::SourceOrder;
+use zsampler::packing::{self, Layout, LayoutError, Part, Windows};
 
 use crate::buffers::{slice, slice_mut, IndexBuffer, Indices};
 use crate::errors::IntoPyResult;
 use crate::exit::detach;
 use crate::store::Zrecord;
 
-/// Where the documents are stored and what a batch is written into, checked.
-struct Target<'b> {
+/// Where a packed view's documents are stored, as Python passes it: `(first_record,
+/// piece_rows, view)` (see [`pack_concat`]).
+type StoredAs<'py> = (Option<Bound<'py, PyAny>>, u64, Option<PyBuffer<u64>>);
+
+/// Where a packed view's documents are stored, taken as buffers.
+struct Stored {
+    first: Option<IndexBuffer>,
+    piece_rows: u64,
+    view: Option<PyBuffer<u64>>,
+}
+
+impl Stored {
+    fn get(layout: StoredAs<'_>) -> PyResult<Self> {
+        let (first, piece_rows, view) = layout;
+        let first = first.as_ref().map(|f| IndexBuffer::get(f, "first_record")).transpose()?;
+        if first.is_none() != (piece_rows == 0) {
+            return Err(crate::errors::bad_argument(
+                "first_record and piece_rows > 0 go together (documents in pieces)",
+            ));
+        }
+        Ok(Self { first, piece_rows, view })
+    }
+
+    fn borrow(&self) -> PyResult<StoredView<'_>> {
+        Ok(StoredView {
+            first: self.first.as_ref().map(IndexBuffer::values).transpose()?,
+            piece_rows: self.piece_rows,
+            view: self.view.as_ref().map(|v| slice(v, "view")).transpose()?,
+        })
+    }
+}
+
+/// [`Stored`] borrowed for one call.
+#[derive(Clone, Copy)]
+struct StoredView<'b> {
     first: Option<Indices<'b>>,
     piece_rows: u64,
     view: Option<&'b [u64]>,
-    itemsize: usize,
+}
+
+impl StoredView<'_> {
+    /// The store's windows of `parts`, tokens of `itemsize` bytes.
+    fn windows(&self, parts: &[Part], itemsize: usize) -> zrecord::Result<Windows> {
+        let first = self.first.map(|f| move |doc: u64| f.try_get(doc));
+        let first_dyn: Option<&(dyn Fn(u64) -> Option<u64> + Sync)> =
+            first.as_ref().map(|f| f as &(dyn Fn(u64) -> Option<u64> + Sync));
+        let layout =
+            Layout { first_record: first_dyn, piece_rows: self.piece_rows, view: self.view };
+        packing::windows(parts, layout, itemsize as u64).map_err(|e| {
+            zrecord::Error::InvalidArgument(match e {
+                LayoutError::Document(d) => format!("document {d} is not in the plan"),
+                LayoutError::Record(r) => format!("record {r} is outside the view"),
+            })
+        })
+    }
+}
+
+/// A packed view's plan, as Python holds it.
+enum Plan {
+    /// The `k`-th document of the stream is `order[k]`, starting at token `starts[k]`.
+    Concat { starts: PyBuffer<i64>, order: IndexBuffer },
+    /// Row `r` holds documents `row_docs[row_ptr[r]..row_ptr[r + 1]]`, `sizes[doc]` tokens
+    /// each, the rest padding.
+    FirstFit { row_ptr: PyBuffer<i64>, row_docs: IndexBuffer, sizes: IndexBuffer, pad: u64 },
+}
+
+impl Plan {
+    fn concat(starts: PyBuffer<i64>, order: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let order = IndexBuffer::get(order, "order")?;
+        let (docs, got) = (order.len(), starts.item_count());
+        if got != docs + 1 {
+            return Err(crate::errors::bad_argument(format!(
+                "a plan of {docs} documents needs {} starts (got {got})",
+                docs + 1
+            )));
+        }
+        Ok(Plan::Concat { starts, order })
+    }
+
+    fn first_fit(
+        row_ptr: PyBuffer<i64>,
+        row_docs: &Bound<'_, PyAny>,
+        sizes: &Bound<'_, PyAny>,
+        pad: u64,
+    ) -> PyResult<Self> {
+        Ok(Plan::FirstFit {
+            row_ptr,
+            row_docs: IndexBuffer::get(row_docs, "row_docs")?,
+            sizes: IndexBuffer::get(sizes, "sizes")?,
+            pad,
+        })
+    }
+
+    fn borrow(&self) -> PyResult<PlanView<'_>> {
+        Ok(match self {
+            Plan::Concat { starts, order } => {
+                PlanView::Concat { starts: slice(starts, "starts")?, order: order.values()? }
+            }
+            Plan::FirstFit { row_ptr, row_docs, sizes, pad } => PlanView::FirstFit {
+                row_ptr: slice(row_ptr, "row_ptr")?,
+                row_docs: row_docs.values()?,
+                sizes: sizes.values()?,
+                pad: *pad,
+            },
+        })
+    }
+}
+
+/// [`Plan`] borrowed for one call.
+#[derive(Clone, Copy)]
+enum PlanView<'b> {
+    Concat { starts: &'b [i64], order: Indices<'b> },
+    FirstFit { row_ptr: &'b [i64], row_docs: Indices<'b>, sizes: Indices<'b>, pad: u64 },
+}
+
+impl PlanView<'_> {
+    /// The parts of rows `rows` (`seq_len` tokens each) onto `out`; refuses a row past the
+    /// plan.
+    fn parts(
+        self,
+        rows: &[u64],
+        seq_len: u64,
+        eos: bool,
+        out: &mut Vec<Part>,
+    ) -> zrecord::Result<()> {
+        let past =
+            |row: u64| zrecord::Error::InvalidArgument(format!("row {row} is not in the plan"));
+        match self {
+            PlanView::Concat { starts, order } => {
+                let total = starts.last().copied().unwrap_or(0).max(0).cast_unsigned();
+                if let Some(&r) = rows.iter().find(|&&r| r >= total / seq_len) {
+                    return Err(past(r));
+                }
+                packing::concat_parts(starts, |k| order.get(k), seq_len, eos, rows, out);
+                Ok(())
+            }
+            PlanView::FirstFit { row_ptr, row_docs, sizes, .. } => packing::first_fit_parts(
+                row_ptr,
+                |k: usize| row_docs.try_get(k as u64),
+                |d| sizes.try_get(d),
+                seq_len,
+                eos,
+                rows,
+                out,
+            )
+            .map_err(past),
+        }
+    }
+
+    /// The padding token, for a plan whose rows have some.
+    fn pad(self) -> Option<u64> {
+        match self {
+            PlanView::Concat { .. } => None,
+            PlanView::FirstFit { pad, .. } => Some(pad),
+        }
+    }
+}
+
+/// What one packed batch is written into: `dst` (tokens), `seg` and `pos` (one per token).
+struct Out<'b> {
     dst: &'b mut [u8],
     seg: &'b mut [i32],
     pos: &'b mut [i32],
 }
 
-/// Where a packed view's documents are stored, as Python passes it: `(first_record,
-/// piece_rows, view)` (see [`pack_concat`]).
-type StoredAs<'py> = (Option<Bound<'py, PyAny>>, u64, Option<PyBuffer<u64>>);
+impl<'b> Out<'b> {
+    /// The outputs for `tokens` tokens of `itemsize` bytes, checked and cut to that size.
+    fn get(
+        tokens: u64,
+        itemsize: usize,
+        dst: &'b PyBuffer<u8>,
+        seg: &'b PyBuffer<i32>,
+        pos: &'b PyBuffer<i32>,
+    ) -> PyResult<Self> {
+        if !(1..=8).contains(&itemsize) {
+            return Err(crate::errors::bad_argument(format!(
+                "itemsize must be 1..8, got {itemsize}"
+            )));
+        }
+        let dst = slice_mut(dst, "destination")?;
+        let seg = slice_mut(seg, "segments")?;
+        let pos = slice_mut(pos, "positions")?;
+        let n = usize::try_from(tokens).unwrap_or(usize::MAX);
+        if dst.len() / itemsize < n || seg.len() < n || pos.len() < n {
+            return Err(crate::errors::bad_argument(format!(
+                "the outputs must hold {tokens} tokens"
+            )));
+        }
+        Ok(Out { dst: &mut dst[..n * itemsize], seg: &mut seg[..n], pos: &mut pos[..n] })
+    }
 
-/// The layout's first records, taken as a buffer.
-fn first_records(layout: &StoredAs<'_>) -> PyResult<Option<IndexBuffer>> {
-    layout.0.as_ref().map(|f| IndexBuffer::get(f, "first_record")).transpose()
+    /// The first `tokens` tokens, and the rest.
+    fn split(self, tokens: usize, itemsize: usize) -> (Out<'b>, Out<'b>) {
+        let (d0, d1) = self.dst.split_at_mut(tokens * itemsize);
+        let (s0, s1) = self.seg.split_at_mut(tokens);
+        let (p0, p1) = self.pos.split_at_mut(tokens);
+        (Out { dst: d0, seg: s0, pos: p0 }, Out { dst: d1, seg: s1, pos: p1 })
+    }
 }
 
-/// The batch's outputs (`tokens` tokens of `itemsize` bytes, the segment ids and positions)
-/// and its documents' layout (`first`: the first records `layout` names, taken as a buffer),
-/// checked and borrowed.
-fn target<'b>(
-    tokens: u64,
-    itemsize: usize,
-    (first, layout): (Option<&'b IndexBuffer>, &'b StoredAs<'_>),
-    dst: &'b PyBuffer<u8>,
-    [seg, pos]: [&'b PyBuffer<i32>; 2],
-) -> PyResult<Target<'b>> {
-    let (piece_rows, view) = (layout.1, layout.2.as_ref());
-    let bad = |m: String| crate::errors::bad_argument(m);
-    if first.is_none() != (piece_rows == 0) {
-        return Err(
-            bad("first_record and piece_rows > 0 go together (documents in pieces)".into()),
-        );
-    }
-    if !(1..=8).contains(&itemsize) {
-        return Err(bad(format!("itemsize must be 1..8, got {itemsize}")));
-    }
-    let first = first.map(IndexBuffer::values).transpose()?;
-    let view = view.map(|v| slice(v, "view")).transpose()?;
-    let dst = slice_mut(dst, "destination")?;
-    let seg = slice_mut(seg, "segments")?;
-    let pos = slice_mut(pos, "positions")?;
-    let n = usize::try_from(tokens).unwrap_or(usize::MAX);
-    if dst.len() / itemsize < n || seg.len() < n || pos.len() < n {
-        return Err(bad(format!("the outputs must hold {tokens} tokens")));
-    }
-    let (dst, seg, pos) = (&mut dst[..n * itemsize], &mut seg[..n], &mut pos[..n]);
-    Ok(Target { first, piece_rows, view, itemsize, dst, seg, pos })
-}
-
-/// Gathers the parts' windows into the target, then writes end tokens and segments.
-fn read(
-    store: &zrecord::Store,
-    parts: &[Part],
-    t: Target<'_>,
+/// One source's share of a batch: its store, its parts and windows, and its outputs.
+struct Share<'b> {
+    store: Arc<zrecord::Store>,
+    parts: Vec<Part>,
+    windows: Windows,
     eos: Option<u64>,
-    shards: usize,
-) -> zrecord::Result<()> {
-    let first = t.first.map(|f| move |doc: u64| f.try_get(doc));
-    let first_dyn: Option<&(dyn Fn(u64) -> Option<u64> + Sync)> =
-        first.as_ref().map(|f| f as &(dyn Fn(u64) -> Option<u64> + Sync));
-    let layout = Layout { first_record: first_dyn, piece_rows: t.piece_rows, view: t.view };
-    let w = packing::windows(parts, layout, t.itemsize as u64).map_err(|e| {
-        zrecord::Error::InvalidArgument(match e {
-            LayoutError::Document(d) => format!("document {d} is not in the plan"),
-            LayoutError::Record(r) => format!("record {r} is outside the view"),
-        })
-    })?;
-    store.gather_parts_at_most(&w.records, &w.starts, &w.lens, t.dst, &w.offsets, shards)?;
-    if let Some(eos) = eos {
-        packing::write_end_tokens(parts, eos, t.itemsize, t.dst);
+    out: Out<'b>,
+}
+
+impl<'b> Share<'b> {
+    /// Rows `rows` of the plan `plan` over the documents stored as `stored`, into `out`
+    /// (padding written first when the plan pads).
+    #[allow(clippy::too_many_arguments, reason = "a packed view's arguments")]
+    fn plan(
+        store: Arc<zrecord::Store>,
+        plan: PlanView<'_>,
+        stored: StoredView<'_>,
+        rows: &[u64],
+        seq_len: u64,
+        eos: Option<u64>,
+        itemsize: usize,
+        out: Out<'b>,
+    ) -> zrecord::Result<Self> {
+        let mut parts: Vec<Part> = Vec::with_capacity(rows.len() * 4);
+        plan.parts(rows, seq_len, eos.is_some(), &mut parts)?;
+        let windows = stored.windows(&parts, itemsize)?;
+        if let Some(pad) = plan.pad() {
+            packing::fill_padding(pad, itemsize, out.dst, out.seg, out.pos);
+        }
+        Ok(Share { store, parts, windows, eos, out })
     }
-    packing::fill_segments(parts, t.seg, t.pos);
+}
+
+/// Reads every share's windows in one parallel job, then writes their end tokens, segment ids
+/// and positions.
+fn read(shares: &mut [Share<'_>], itemsize: usize, shards: usize) -> zrecord::Result<()> {
+    let mut reads: Vec<StoreParts<'_>> = shares
+        .iter_mut()
+        .map(|s| StoreParts {
+            store: &s.store,
+            indices: &s.windows.records,
+            starts: &s.windows.starts,
+            lens: &s.windows.lens,
+            dst: &mut *s.out.dst,
+            dst_offsets: &s.windows.offsets,
+        })
+        .collect();
+    zrecord::gather_parts_across(&mut reads, shards)?;
+    drop(reads);
+    for s in shares {
+        if let Some(eos) = s.eos {
+            packing::write_end_tokens(&s.parts, eos, itemsize, s.out.dst);
+        }
+        packing::fill_segments(&s.parts, s.out.seg, s.out.pos);
+    }
     Ok(())
+}
+
+/// One packed view's batch: rows `rows` of `plan` into the outputs, with the GIL released.
+#[allow(clippy::too_many_arguments, reason = "one batch of a packed view, as Python holds it")]
+fn one_view(
+    py: Python<'_>,
+    store: &Bound<'_, Zrecord>,
+    plan: &Plan,
+    rows: &PyBuffer<u64>,
+    seq_len: u64,
+    eos: Option<u64>,
+    itemsize: usize,
+    outs: (&PyBuffer<u8>, &PyBuffer<i32>, &PyBuffer<i32>),
+    shards: Option<usize>,
+    layout: StoredAs<'_>,
+) -> PyResult<()> {
+    if seq_len == 0 {
+        return Err(crate::errors::bad_argument("seq_len must be > 0"));
+    }
+    let store = store.get().handle()?;
+    let rows = rows.to_vec(py)?;
+    let stored = Stored::get(layout)?;
+    let (stored, plan) = (stored.borrow()?, plan.borrow()?);
+    let tokens = rows.len() as u64 * seq_len;
+    let out = Out::get(tokens, itemsize, outs.0, outs.1, outs.2)?;
+    let shards = shards.unwrap_or(usize::MAX);
+    detach(py, move || {
+        let share = Share::plan(store, plan, stored, &rows, seq_len, eos, itemsize, out)?;
+        read(&mut [share], itemsize, shards)
+    })
+    .py()
 }
 
 /// The rows `rows` of a concatenation plan over `store`'s records (the `k`-th document of the
@@ -117,40 +336,9 @@ pub fn pack_concat(
     max_shards: Option<usize>,
     layout: StoredAs<'_>,
 ) -> PyResult<()> {
-    let store = store.get().handle()?;
-    let rows = rows.to_vec(py)?;
-    let starts = slice(&starts, "starts")?;
-    let order = IndexBuffer::get(order, "order")?;
-    let (docs, order) = (order.len(), order.values()?);
-    let bad = |m: String| crate::errors::bad_argument(m);
-    if starts.len() != docs + 1 || seq_len == 0 {
-        return Err(bad(format!(
-            "a plan of {docs} documents needs {} starts (got {}) and seq_len > 0",
-            docs + 1,
-            starts.len()
-        )));
-    }
-    let total = starts.last().copied().unwrap_or(0).max(0).cast_unsigned();
-    if let Some(&r) = rows.iter().find(|&&r| r >= total / seq_len) {
-        return Err(bad(format!("row {r} is past the plan's {} rows", total / seq_len)));
-    }
-    let first = first_records(&layout)?;
-    let tokens = rows.len() as u64 * seq_len;
-    let t = target(tokens, itemsize, (first.as_ref(), &layout), &dst, [&segments, &positions])?;
-    let shards = max_shards.unwrap_or(usize::MAX);
-    detach(py, move || {
-        let mut parts: Vec<Part> = Vec::with_capacity(rows.len() * 4);
-        packing::concat_parts(
-            starts,
-            |k| order.get(k),
-            seq_len,
-            eos_id.is_some(),
-            &rows,
-            &mut parts,
-        );
-        read(&store, &parts, t, eos_id, shards)
-    })
-    .py()
+    let plan = Plan::concat(starts, order)?;
+    let outs = (&dst, &segments, &positions);
+    one_view(py, &store, &plan, &rows, seq_len, eos_id, itemsize, outs, max_shards, layout)
 }
 
 /// The rows `rows` of a first-fit plan over `store`'s records (row `r` holds documents
@@ -179,40 +367,165 @@ pub fn pack_first_fit(
     max_shards: Option<usize>,
     layout: StoredAs<'_>,
 ) -> PyResult<()> {
-    let store = store.get().handle()?;
-    let rows = rows.to_vec(py)?;
-    let row_ptr = slice(&row_ptr, "row_ptr")?;
-    let row_docs = IndexBuffer::get(row_docs, "row_docs")?;
-    let row_docs = row_docs.values()?;
-    let sizes = IndexBuffer::get(sizes, "sizes")?;
-    let sizes = sizes.values()?;
-    if seq_len == 0 {
-        return Err(crate::errors::bad_argument("seq_len must be > 0"));
+    let plan = Plan::first_fit(row_ptr, row_docs, sizes, pad_id)?;
+    let outs = (&dst, &segments, &positions);
+    one_view(py, &store, &plan, &rows, seq_len, eos_id, itemsize, outs, max_shards, layout)
+}
+
+/// One packed view of a mixture, its fixed arguments taken once.
+struct Source {
+    store: Py<Zrecord>,
+    plan: Plan,
+    stored: Stored,
+    eos: Option<u64>,
+}
+
+/// A mixture of packed views of one `seq_len` and token size, read a batch (a run of
+/// positions) at a time. See `loaderx._views.mixture`.
+#[pyclass(name = "MixedPack", module = "loaderx._native", frozen)]
+pub struct MixedPack {
+    run: zsampler::mixture::MixedRun,
+    sources: Vec<Source>,
+    seq_len: u64,
+    itemsize: usize,
+    /// Positions from this one on are not the mixture's.
+    limit: u64,
+}
+
+/// A source as Python passes it: `(store, ("concat", starts, order) | ("first_fit", row_ptr,
+/// row_docs, sizes, pad_id), eos_id, layout)`.
+type SourceArgs<'py> = (Bound<'py, Zrecord>, Bound<'py, PyAny>, Option<u64>, StoredAs<'py>);
+
+impl MixedPack {
+    fn source(args: SourceArgs<'_>) -> PyResult<Source> {
+        let (store, plan, eos, layout) = args;
+        let kind: String = plan.get_item(0)?.extract()?;
+        let plan = match kind.as_str() {
+            "concat" => Plan::concat(plan.get_item(1)?.extract()?, &plan.get_item(2)?)?,
+            "first_fit" => Plan::first_fit(
+                plan.get_item(1)?.extract()?,
+                &plan.get_item(2)?,
+                &plan.get_item(3)?,
+                plan.get_item(4)?.extract()?,
+            )?,
+            other => {
+                return Err(crate::errors::bad_argument(format!(
+                    "a plan is 'concat' or 'first_fit', not {other:?}"
+                )))
+            }
+        };
+        Ok(Source { store: store.unbind(), plan, stored: Stored::get(layout)?, eos })
     }
-    let first = first_records(&layout)?;
-    let tokens = rows.len() as u64 * seq_len;
-    let t = target(tokens, itemsize, (first.as_ref(), &layout), &dst, [&segments, &positions])?;
-    let shards = max_shards.unwrap_or(usize::MAX);
-    detach(py, move || {
-        let mut parts: Vec<Part> = Vec::with_capacity(rows.len() * 4);
-        let doc = |k: usize| row_docs.try_get(k as u64);
-        packing::first_fit_parts(
-            row_ptr,
-            doc,
-            |d| sizes.try_get(d),
-            seq_len,
-            eos_id.is_some(),
-            &rows,
-            &mut parts,
-        )
-        .map_err(|row| zrecord::Error::InvalidArgument(format!("row {row} is not in the plan")))?;
-        packing::fill_padding(pad_id, t.itemsize, t.dst, t.seg, t.pos);
-        read(&store, &parts, t, eos_id, shards)
-    })
-    .py()
+}
+
+#[pymethods]
+impl MixedPack {
+    /// `MixedPack(table, orders, sources, seq_len, itemsize, limit)`: the mixed order (see
+    /// `MixedRun`) and each source's packed view (see [`SourceArgs`]), in the same order.
+    #[new]
+    fn new(
+        table: PyBuffer<u16>,
+        orders: Vec<(u64, u64, u64, u64)>,
+        sources: Vec<SourceArgs<'_>>,
+        seq_len: u64,
+        itemsize: usize,
+        limit: u64,
+    ) -> PyResult<Self> {
+        if orders.len() != sources.len() || seq_len == 0 || !(1..=8).contains(&itemsize) {
+            return Err(crate::errors::bad_argument(format!(
+                "{} orders for {} sources, seq_len {seq_len}, itemsize {itemsize}: one order per \
+                 source, seq_len > 0 and itemsize 1..8",
+                orders.len(),
+                sources.len()
+            )));
+        }
+        let src = slice(&table, "table")?.to_vec();
+        let orders = orders
+            .into_iter()
+            .map(|(n, a, b, base)| SourceOrder::new(n, a, b, base))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(crate::errors::sampler_to_py)?;
+        let run =
+            zsampler::mixture::MixedRun::new(src, orders).map_err(crate::errors::sampler_to_py)?;
+        let sources = sources.into_iter().map(Self::source).collect::<PyResult<Vec<_>>>()?;
+        Ok(Self { run, sources, seq_len, itemsize, limit })
+    }
+
+    /// `fill(positions, dst, segments, positions_out, sources, records, max_shards)`: the batch
+    /// of the mixture's positions `positions` (uint64) when they are a run (`first, first + 1,
+    /// ...`; else None and nothing is written): the rows grouped by source, each source's in
+    /// its draw order, their tokens into `dst`, their segment ids and positions, each row's
+    /// source into `sources` (int32, or None) and its record (the source's row) into `records`
+    /// (uint64). Returns each source's draws before the run and in it.
+    #[pyo3(signature = (positions, dst, segments, positions_out, sources, records, max_shards))]
+    #[allow(clippy::too_many_arguments, reason = "one batch and its outputs")]
+    fn fill(
+        &self,
+        py: Python<'_>,
+        positions: PyBuffer<u64>,
+        dst: PyBuffer<u8>,
+        segments: PyBuffer<i32>,
+        positions_out: PyBuffer<i32>,
+        sources: Option<PyBuffer<i32>>,
+        records: PyBuffer<u64>,
+        max_shards: Option<usize>,
+    ) -> PyResult<Option<(Vec<u64>, Vec<u64>)>> {
+        let at = slice(&positions, "positions")?;
+        let n = at.len();
+        let first = at.first().copied().unwrap_or(0);
+        let is_run = n > 0
+            && first.checked_add(n as u64).is_some_and(|end| end <= self.limit)
+            && at.iter().zip(first..).all(|(&p, want)| p == want);
+        if !is_run {
+            return Ok(None);
+        }
+        let records = slice_mut(&records, "records")?;
+        let src = sources.as_ref().map(|b| slice_mut(b, "sources")).transpose()?;
+        if records.len() != n || src.as_ref().is_some_and(|s| s.len() != n) {
+            return Err(crate::errors::bad_argument(format!(
+                "records and sources must hold one entry per position ({n})"
+            )));
+        }
+        let (seq_len, itemsize) = (self.seq_len, self.itemsize);
+        let out = Out::get(n as u64 * seq_len, itemsize, &dst, &segments, &positions_out)?;
+        let mut views = Vec::with_capacity(self.sources.len());
+        for s in &self.sources {
+            views.push((s.store.get().handle()?, s.plan.borrow()?, s.stored.borrow()?, s.eos));
+        }
+        let k = views.len();
+        let shards = max_shards.unwrap_or(usize::MAX);
+        let (mut starts, mut takes) = (vec![0u64; k], vec![0u64; k]);
+        detach(py, || -> zrecord::Result<()> {
+            let bad = |e: zsampler::SamplerError| zrecord::Error::InvalidArgument(e.to_string());
+            self.run.run(first, records, &mut starts, &mut takes).map_err(bad)?;
+            let (mut rest, mut lo) = (out, 0usize);
+            let mut shares = Vec::with_capacity(k);
+            for ((store, plan, stored, eos), &take) in views.into_iter().zip(&takes) {
+                let m = usize::try_from(take).unwrap_or(usize::MAX).min(n - lo);
+                let tokens = m * usize::try_from(seq_len).unwrap_or(usize::MAX);
+                let (mine, after) = rest.split(tokens, itemsize);
+                rest = after;
+                let rows = &records[lo..lo + m];
+                shares.push(Share::plan(store, plan, stored, rows, seq_len, eos, itemsize, mine)?);
+                lo += m;
+            }
+            if let Some(src) = src {
+                let mut lo = 0usize;
+                for (s, &take) in takes.iter().enumerate() {
+                    let m = usize::try_from(take).unwrap_or(usize::MAX).min(n - lo);
+                    src[lo..lo + m].fill(i32::try_from(s).unwrap_or(i32::MAX));
+                    lo += m;
+                }
+            }
+            read(&mut shares, itemsize, shards)
+        })
+        .py()?;
+        Ok(Some((starts, takes)))
+    }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack_concat, m)?)?;
-    m.add_function(wrap_pyfunction!(pack_first_fit, m)?)
+    m.add_function(wrap_pyfunction!(pack_first_fit, m)?)?;
+    m.add_class::<MixedPack>()
 }

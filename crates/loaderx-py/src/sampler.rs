@@ -163,7 +163,7 @@ fn mix_draws(
 /// permutations (see `zsampler::mixture`). Immutable: threads share it.
 #[pyclass(name = "MixedRun", module = "loaderx._native", frozen)]
 pub struct MixedRun {
-    core: zsampler::mixture::MixedRun,
+    pub(crate) core: zsampler::mixture::MixedRun,
 }
 
 #[pymethods]

@@ -58,4 +58,5 @@ pub use compact::CompactReport;
 pub use error::{Error, Result};
 pub use format::Codec;
 pub use integrity::VerifyReport;
+pub use parts::{gather_parts_across, StoreParts};
 pub use store::{Options, Stats, Store};

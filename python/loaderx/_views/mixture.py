@@ -161,18 +161,30 @@ def _table(w: list[int | float], divides: int | None, what: str,
 class _Resolved:
     """One batch's positions resolved, its rows grouped by source (each source's rows in their
     mixed order): ``groups`` are ``(source, pass, lo, hi, records)`` for the rows ``[lo, hi)``
-    of each (source, pass); ``take`` each source's row count; ``src`` and ``records`` per row
-    on demand."""
+    of each (source, pass) -- of a run, made when first asked for (``run``: the core and each
+    source's draws before the run); ``take`` each source's row count; ``src`` and ``records``
+    per row on demand."""
 
-    __slots__ = ("groups", "take", "_src", "_records", "_src32")
+    __slots__ = ("_groups", "take", "_src", "_records", "_src32", "_run")
 
-    def __init__(self, groups: list[tuple[int, int, int, int, np.ndarray]], take: list[int],
-                 src: np.ndarray | None = None, records: np.ndarray | None = None) -> None:
-        self.groups = groups
+    def __init__(self, groups: list[tuple[int, int, int, int, np.ndarray]] | None,
+                 take: list[int], src: np.ndarray | None = None,
+                 records: np.ndarray | None = None, run: tuple[Any, list[int]] | None = None,
+                 src32: np.ndarray | None = None) -> None:
+        self._groups = groups
         self.take = take
         self._src = src
         self._records = records
-        self._src32: np.ndarray | None = None
+        self._src32 = src32
+        self._run = run
+
+    @property
+    def groups(self) -> list[tuple[int, int, int, int, np.ndarray]]:
+        if self._groups is None:
+            assert self._run is not None and self._records is not None
+            core, c0 = self._run
+            self._groups = core.run_groups(c0, self.take, self._records)
+        return self._groups
 
     @property
     def src(self) -> np.ndarray:
@@ -339,31 +351,45 @@ class _Core:
 
     def _run(self, p0: int, n: int) -> _Resolved:
         native = self._mixed_run
-        every: np.ndarray | None = None
         if native is not None:  # the records of the whole run, grouped by source, at once
             every = np.empty(n, dtype=_U64)
             c0, take = native.run(p0, every)
-        else:
-            c0, c1 = self.counts(p0), self.counts(p0 + n)
-            take = [b - a for a, b in zip(c0, c1, strict=True)]
+            return _Resolved(None, take, None, every, (self, c0))
+        c0, c1 = self.counts(p0), self.counts(p0 + n)
+        take = [b - a for a, b in zip(c0, c1, strict=True)]
+        parts = [self.draws(s, d0, d0 + m) if m else None
+                 for s, (d0, m) in enumerate(zip(c0, take, strict=True))]
+        return _Resolved(self.run_groups(c0, take, parts), take)
+
+    def run_groups(self, c0: list[int], take: list[int], records: Any
+                   ) -> list[tuple[int, int, int, int, np.ndarray]]:
+        """The groups of a run: source ``s``'s ``take[s]`` draws from its draw ``c0[s]`` on,
+        their records either one array of every source's in turn or a list of one per source
+        (None where the source has no rows)."""
         groups: list[tuple[int, int, int, int, np.ndarray]] = []
         lo = 0
+        whole = isinstance(records, np.ndarray)
         for s, m in enumerate(take):
             if not m:
                 continue
             d0 = c0[s]
-            records = every[lo:lo + m] if every is not None else self.draws(s, d0, d0 + m)
+            mine = records[lo:lo + m] if whole else records[s]
             length = self.length_of[s]
             first, last = d0 // length, (d0 + m - 1) // length
             if first == last:
-                groups.append((s, first, lo, lo + m, records))
+                groups.append((s, first, lo, lo + m, mine))
             else:  # a pass over the source ends inside the batch: one group per pass
                 for p in range(first, last + 1):
                     a = max(d0, p * length) - d0
                     b = min(d0 + m, (p + 1) * length) - d0
-                    groups.append((s, p, lo + a, lo + b, records[a:b]))
+                    groups.append((s, p, lo + a, lo + b, mine[a:b]))
             lo += m
-        return _Resolved(groups, take, None, every)
+        return groups
+
+    def keep(self, idxs: np.ndarray, value: _Resolved) -> None:
+        """``value`` as this thread's resolution of ``idxs`` (see :meth:`resolve`)."""
+        local = self._local
+        local.key, local.value = idxs.tobytes(), value
 
     def _scattered(self, pos: np.ndarray) -> _Resolved:
         src, draw = self.plan.locate(pos)
@@ -485,6 +511,7 @@ class Mixture:
                        if ds is not None and self._how[s] == _SEGMENTS else None
                        for s, ds in enumerate(self._fixed)]
         self._gathered = _Gathered()
+        self._mixed_pack = self._native_batches()
         digest = hashlib.sha1(repr((core.config, normalize_seed(core.seed), name, [
             (len(s[name]), getattr(s[name], "view_digest", ""), s[name].kind,
              np.dtype(s[name].dtype).str, tuple(s[name].item_shape)) for s in core.sources]))
@@ -565,6 +592,26 @@ class Mixture:
         idx = _indices(positions, MIX_LENGTH).reshape(-1)
         return idx[self._core.order(idx)]
 
+    def _native_batches(self) -> Any:
+        """The whole batch in one native call (``_native.MixedPack``: the run resolved and
+        every source's rows read in one parallel job) when every source is a packed view with
+        one plan read natively and one table serves the whole run (no schedule); else None."""
+        core = self._core
+        if self.kind != "dense" or core._mixed_run is None or \
+                any(h != _SEGMENTS for h in self._how):
+            return None
+        args = []
+        for ds in self._fixed:
+            get = getattr(ds, "_native_source", None)
+            one = get() if callable(get) else None
+            if one is None:
+                return None
+            args.append(one)
+        return _native.MixedPack(
+            core.plan.last.x.src.astype(np.uint16),
+            [(n, *o) for n, o in zip(core.length_of, core._orders, strict=True)], args,
+            self._row_items, self._dtype.itemsize, MIX_LENGTH)
+
     def _stream(self, s: int, p: int) -> Any:
         """Source ``s``'s view for its pass ``p``: the one view of a source that packs once
         (kept at construction), else that pass's own packing (see :meth:`_Core.stream`)."""
@@ -619,6 +666,23 @@ class Mixture:
         if self._check is not None:
             self._check(n)  # a packed view's refusal of a batch past its limits
         core = self._core
+        native = self._mixed_pack
+        if native is not None and rows is None and idxs.dtype == _U64 and \
+                idxs.flags.c_contiguous:
+            seg = np.empty(n * self._row_items, dtype=np.int32)
+            pos = np.empty(n * self._row_items, dtype=np.int32)
+            src = np.empty(n, dtype=np.int32) if self._emit_source else None
+            every = np.empty(n, dtype=_U64)
+            got = native.fill(idxs, dst, seg, pos, src, every, shards)
+            if got is not None:  # a run: resolved, read and its companions written at once
+                resolved = _Resolved(None, got[1], None, every, (core, got[0]), src)
+                core.keep(idxs, resolved)
+                shape = (n, *self._item_shape)
+                suffixes = self._companion_suffixes
+                g = self._gathered
+                g.of = resolved
+                g.arrays = {suffixes[0]: seg.reshape(shape), suffixes[1]: pos.reshape(shape)}
+                return
         name = self._name
         rb = self.record_bytes
         extra: dict[str, np.ndarray] | None = None

@@ -591,29 +591,46 @@ class PackedDataset:
         ``fill(rows, dst, segments, positions, shards)`` with ``rows`` (uint64, each below
         ``len``: not checked), ``dst`` the uint8 buffer of those rows and the flat int32
         segment ids and positions -- for a mixture, which calls it once per source and batch."""
-        store, plan = self._native, self._plan
-        if store is None:
+        args = self._native_args()
+        if args is None:
             return None
-        pieces = self._documents
-        first = self._first_record if self._first_record is not None else pieces.first_record
-        layout = (first, pieces.piece_rows, self._view_records)
+        store, how, eos, layout = args
         size, s = self._dtype.itemsize, self._seq_len
-        if isinstance(plan, ConcatPlan):
-            starts, order, eos = plan.starts, plan.order, self._eos_bits
+        if how[0] == "concat":
+            _, starts, order = how
 
             def fill(rows: np.ndarray, dst: np.ndarray, seg: np.ndarray, pos: np.ndarray,
                      shards: int | None) -> None:
                 _native.pack_concat(store, starts, order, rows, s, eos, size, dst, seg, pos,
                                     shards, layout)
         else:
-            ptr, docs, sizes = plan.row_ptr, plan.row_docs, plan.sizes
-            eos, pad = self._eos_bits, self._pad_bits
+            _, ptr, docs, sizes, pad = how
 
             def fill(rows: np.ndarray, dst: np.ndarray, seg: np.ndarray, pos: np.ndarray,
                      shards: int | None) -> None:
                 _native.pack_first_fit(store, ptr, docs, sizes, rows, s, eos, pad, size, dst,
                                        seg, pos, shards, layout)
         return fill
+
+    def _native_args(self) -> tuple[Any, ...] | None:
+        """This view's fixed native arguments: ``(store, plan, eos_id, layout)``, the plan
+        ``("concat", starts, order)`` or ``("first_fit", row_ptr, row_docs, sizes, pad_id)``
+        -- or None when it reads through Python."""
+        store, plan = self._native, self._plan
+        if store is None:
+            return None
+        pieces = self._documents
+        first = self._first_record if self._first_record is not None else pieces.first_record
+        layout = (first, pieces.piece_rows, self._view_records)
+        how: tuple[Any, ...] = ("concat", plan.starts, plan.order) \
+            if isinstance(plan, ConcatPlan) else \
+            ("first_fit", plan.row_ptr, plan.row_docs, plan.sizes, self._pad_bits)
+        return store, how, self._eos_bits, layout
+
+    def _native_source(self) -> tuple[Any, ...] | None:
+        """A source of ``_native.MixedPack`` (see :meth:`_native_args`), or None: a view that
+        re-packs per pass has no one plan."""
+        return None if self.repacks else self._native_args()
 
     def gather_with_segments(self, idxs: npt.NDArray[np.uint64], dst: npt.NDArray[np.uint8],
                              seg: np.ndarray, pos: np.ndarray,
