@@ -11,9 +11,9 @@ Sections (each row once per repeat, in turn, then the median and the per-repeat 
   batch: the loader's time per batch with ``num_workers=0`` over one store and over the mixture
   (target >= 0.95x), and
   the mixture's bookkeeping per batch -- which rows of which source, from scratch for each
-  batch -- against the packed batch's time (target < 1%): for packed sources, which the loader
-  reads in one native call, timed in the engine beside what a shuffled store of the same rows
-  spends on its order (the mixture's draws replace it); for dense ones, the Python resolution.
+  batch -- against the packed batch's time (target < 1%): the loader reads these mixtures'
+  batches in one native call, so it is timed in the engine, beside what a shuffled store of the
+  same rows spends on its order there (the mixture's draws replace it).
 * megatron -- 100 M samples of 10 sources (random weights): the setup of ``mix`` (time, peak
   memory, memory kept) against building Megatron's blending index -- its greedy rule (each
   sample goes to the source furthest behind ``weight * n``) in a C++ loop like Megatron's
@@ -57,12 +57,13 @@ def loader_time(streams: dict[str, Any], batch: int, steps: int) -> float:
 def bookkeeping(m: Any, batch: int, steps: int) -> tuple[float, float | None]:
     """Microseconds per batch to resolve a batch's rows (which rows of which source), from
     scratch for each batch, and what a shuffled store of the same rows spends on its order
-    (None where not measured). A mixture read in one native call (packed sources) resolves in
-    the engine: timed there (``mixed_run_seconds``), beside the engine's shuffled sampler batch;
-    else the Python resolution, with the mixture's caches as a run leaves them."""
+    (None where not measured). A mixture read in one native call (dense datasets, packed views
+    without a schedule) resolves in the engine: timed there (``mixed_run_seconds``), beside the
+    engine's shuffled sampler batch; else the Python resolution, with the mixture's caches as a
+    run leaves them."""
     core = m._core
     start = 10_000 * batch
-    if getattr(m, "_mixed_pack", None) is not None and hasattr(_native, "mixed_run_seconds"):
+    if getattr(m, "_one_call", None) is not None and hasattr(_native, "mixed_run_seconds"):
         run = _native.mixed_run_seconds(core._mixed_run, start, batch, steps * 20)
         order = _native.shuffled_batch_seconds(int(core.lengths.sum()), batch, steps * 20)
         return run * 1e6, order * 1e6

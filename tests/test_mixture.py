@@ -618,7 +618,7 @@ def test_packed_sources_without_their_native_batch_call_read_the_same(tmp_path, 
         return dst, m.companions("tok", idxs)
 
     native = [batch(k * 16) for k in range(6)]
-    monkeypatch.setattr(m, "_mixed_pack", None)
+    monkeypatch.setattr(m, "_one_call", None)
     monkeypatch.setattr(m, "_fills", [None] * 2)
     monkeypatch.setattr(m._core, "filler", lambda *a: None)
     for k, (dst, comp) in enumerate(native):
@@ -660,15 +660,15 @@ def _packed_sources(tmp_path):
 @pytest.mark.parametrize("emit", [True, False])
 def test_a_mixture_of_packed_views_reads_a_batch_in_one_native_call(tmp_path, emit):
     """The batch of a run of positions (what the loader asks for) is read in one native call
-    (_native.MixedPack): its rows, segment ids, positions and sources equal each source's row
+    (_native.MixedBatch): its rows, segment ids, positions and sources equal each source's row
     read through Python, for every layout, through passes over a small source; positions that
     are not a run take the per-source path and read the same."""
     views, refs = _packed_sources(tmp_path)
     m = mix(views, [3, 3, 2, 2, 4], seed=4)
     m._emit_source = emit  # (the second stream of a dict of sources has no _source key)
-    assert m._mixed_pack is not None
+    assert m._one_call is not None
     calls = []
-    real = m._mixed_pack
+    real = m._one_call
 
     class Counting:
         def fill(self, *a):
@@ -676,7 +676,7 @@ def test_a_mixture_of_packed_views_reads_a_batch_in_one_native_call(tmp_path, em
             calls.append(got is not None)
             return got
 
-    m._mixed_pack = Counting()
+    m._one_call = Counting()
     n = 48
     batches = [np.arange(k * n, (k + 1) * n, dtype=np.uint64) for k in range(5)]
     batches += [np.arange(1000, 1000 + n, dtype=np.uint64)[::-1].copy(),
@@ -700,6 +700,40 @@ def test_a_mixture_of_packed_views_reads_a_batch_in_one_native_call(tmp_path, em
     assert calls == [True] * 5 + [False, False]
 
 
+def test_a_mixture_of_dense_datasets_reads_a_batch_in_one_native_call(tmp_path):
+    """Dense sources (raw and zstd stores, 2 KiB records: a batch of 256 is split over the
+    pool, its blocks cutting through stores) read a run of positions in one native call
+    (_native.MixedBatch): every row is its source's record, the sources are the rows'; other
+    positions take the per-source path and read the same."""
+    rows = np.arange(300, dtype=np.int64)
+    paths = []
+    for s, (n, codec) in enumerate([(300, "raw"), (170, "zstd"), (9, "raw")]):
+        values = np.repeat((rows[:n] + s * 1_000_000)[:, None], 256, axis=1)
+        from_numpy(tmp_path / f"s{s}", values, codec=codec)
+        paths.append(tmp_path / f"s{s}")
+    m = mix([DenseDataset(p) for p in paths], [5, 3, 1], seed=6)
+    real = m._one_call
+    assert real is not None
+    calls = []
+
+    class Counting:
+        def fill(self, *a):
+            got = real.fill(*a)
+            calls.append(got is not None)
+            return got
+
+    m._one_call = Counting()
+    for idxs in [np.arange(k * 256, (k + 1) * 256, dtype=np.uint64) for k in range(4)] + [
+            np.array([7, 2, 2, 900], dtype=np.uint64)]:
+        dst = np.empty(len(idxs) * m.record_bytes, dtype=np.uint8)
+        m.gather_rows(idxs, dst)
+        got = dst.view(np.int64).reshape(len(idxs), 256)
+        src, rec = m.locate(m.batch_order(idxs))
+        assert (got == (src * 1_000_000 + rec.astype(np.int64))[:, None]).all()
+        assert np.array_equal(m.companions("x", idxs)["x_source"], src)
+    assert calls == [True] * 4 + [False]
+
+
 def test_a_mixture_of_packed_views_in_a_loader_equals_the_per_source_path(tmp_path):
     """The loader's batches with the one native call and without it (each source read on its
     own) are the same, on threads and with shards."""
@@ -708,7 +742,7 @@ def test_a_mixture_of_packed_views_in_a_loader_equals_the_per_source_path(tmp_pa
     m = mix(views, [1, 1, 1, 1, 1], seed=9)
     native = _run({"tok": m}, 6, **kw)
     slow = mix(views, [1, 1, 1, 1, 1], seed=9)
-    slow._mixed_pack = None
+    slow._one_call = None
     for a, b in zip(native, _run({"tok": slow}, 6, **kw), strict=True):
         assert sorted(a) == sorted(b)
         for key in a:

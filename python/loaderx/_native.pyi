@@ -9,7 +9,7 @@ from numpy.typing import NDArray
 __all__ = ["Zrecord", "Sampler", "set_num_threads", "num_threads", "canonical_codec",
            "replace_file", "rename_noreplace", "rename_exchange",
            "begin_exit", "Across",
-           "pack_concat", "pack_first_fit", "mix_draws", "MixedRun", "MixedPack", "CODECS",
+           "pack_concat", "pack_first_fit", "mix_draws", "MixedRun", "MixedBatch", "CODECS",
            "FORMAT_VERSION", "MAX_RECORDS", "MAX_RECORD_BYTES",
            "copy_records", "mixed_run_seconds", "shuffled_batch_seconds", "pread_records",
            "write_profile", "engine_errors"]
@@ -52,13 +52,12 @@ class MixedRun:
     def run(self, first: int, records: NDArray[np.uint64]) -> tuple[list[int], list[int]]: ...
 
 @final
-class MixedPack:
+class MixedBatch:
     def __new__(cls, table: NDArray[np.uint16], orders: list[tuple[int, int, int, int]],
-                sources: list[tuple[Zrecord, tuple[Any, ...], int | None,
-                                    tuple[Any, int, Any]]],
-                seq_len: int, itemsize: int, limit: int) -> MixedPack: ...
-    def fill(self, positions: NDArray[np.uint64], dst: Any, segments: NDArray[np.int32],
-             positions_out: NDArray[np.int32], sources: NDArray[np.int32] | None,
+                dense: bool, sources: list[Any], row_items: int, itemsize: int,
+                limit: int) -> MixedBatch: ...
+    def fill(self, positions: NDArray[np.uint64], dst: Any, segments: NDArray[np.int32] | None,
+             positions_out: NDArray[np.int32] | None, sources: NDArray[np.int32] | None,
              records: NDArray[np.uint64],
              max_shards: int | None) -> tuple[list[int], list[int]] | None: ...
 

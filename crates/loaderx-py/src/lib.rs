@@ -18,6 +18,7 @@ mod bench;
 mod buffers;
 mod errors;
 mod exit;
+mod mixed;
 mod packed;
 mod sampler;
 mod store;
@@ -84,6 +85,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sampler::register(m)?;
     across::register(m)?;
     packed::register(m)?;
+    mixed::register(m)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_codec, m)?)?;

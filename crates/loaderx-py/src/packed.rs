@@ -3,17 +3,14 @@
 //! the store (`zrecord`), then the end tokens, the padding, the segment ids and the positions
 //! are written, all with the GIL released. The plan's arrays are borrowed, never copied.
 //!
-//! `MixedPack`: one batch of a mixture of packed views in one call -- the run of positions
-//! resolved (`zsampler::mixture`), every source's rows planned as above, and all their windows
-//! read in one parallel job over the sources' stores (`zrecord::gather_parts_across`). The
-//! views' fixed arguments are taken once, when it is made.
+//! The pieces are shared with `mixed.rs`, which reads a batch of several packed views (a
+//! mixture's sources) in one call.
 
 use std::sync::Arc;
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use zrecord::StoreParts;
-use zsampler::draws::SourceOrder;
 use zsampler::packing::{self, Layout, LayoutError, Part, Windows};
 
 use crate::buffers::{slice, slice_mut, IndexBuffer, Indices};
@@ -23,17 +20,17 @@ use crate::store::Zrecord;
 
 /// Where a packed view's documents are stored, as Python passes it: `(first_record,
 /// piece_rows, view)` (see [`pack_concat`]).
-type StoredAs<'py> = (Option<Bound<'py, PyAny>>, u64, Option<PyBuffer<u64>>);
+pub(crate) type StoredAs<'py> = (Option<Bound<'py, PyAny>>, u64, Option<PyBuffer<u64>>);
 
 /// Where a packed view's documents are stored, taken as buffers.
-struct Stored {
+pub(crate) struct Stored {
     first: Option<IndexBuffer>,
     piece_rows: u64,
     view: Option<PyBuffer<u64>>,
 }
 
 impl Stored {
-    fn get(layout: StoredAs<'_>) -> PyResult<Self> {
+    pub(crate) fn get(layout: StoredAs<'_>) -> PyResult<Self> {
         let (first, piece_rows, view) = layout;
         let first = first.as_ref().map(|f| IndexBuffer::get(f, "first_record")).transpose()?;
         if first.is_none() != (piece_rows == 0) {
@@ -44,7 +41,7 @@ impl Stored {
         Ok(Self { first, piece_rows, view })
     }
 
-    fn borrow(&self) -> PyResult<StoredView<'_>> {
+    pub(crate) fn borrow(&self) -> PyResult<StoredView<'_>> {
         Ok(StoredView {
             first: self.first.as_ref().map(IndexBuffer::values).transpose()?,
             piece_rows: self.piece_rows,
@@ -55,7 +52,7 @@ impl Stored {
 
 /// [`Stored`] borrowed for one call.
 #[derive(Clone, Copy)]
-struct StoredView<'b> {
+pub(crate) struct StoredView<'b> {
     first: Option<Indices<'b>>,
     piece_rows: u64,
     view: Option<&'b [u64]>,
@@ -79,7 +76,7 @@ impl StoredView<'_> {
 }
 
 /// A packed view's plan, as Python holds it.
-enum Plan {
+pub(crate) enum Plan {
     /// The `k`-th document of the stream is `order[k]`, starting at token `starts[k]`.
     Concat { starts: PyBuffer<i64>, order: IndexBuffer },
     /// Row `r` holds documents `row_docs[row_ptr[r]..row_ptr[r + 1]]`, `sizes[doc]` tokens
@@ -88,7 +85,7 @@ enum Plan {
 }
 
 impl Plan {
-    fn concat(starts: PyBuffer<i64>, order: &Bound<'_, PyAny>) -> PyResult<Self> {
+    pub(crate) fn concat(starts: PyBuffer<i64>, order: &Bound<'_, PyAny>) -> PyResult<Self> {
         let order = IndexBuffer::get(order, "order")?;
         let (docs, got) = (order.len(), starts.item_count());
         if got != docs + 1 {
@@ -100,7 +97,7 @@ impl Plan {
         Ok(Plan::Concat { starts, order })
     }
 
-    fn first_fit(
+    pub(crate) fn first_fit(
         row_ptr: PyBuffer<i64>,
         row_docs: &Bound<'_, PyAny>,
         sizes: &Bound<'_, PyAny>,
@@ -114,7 +111,7 @@ impl Plan {
         })
     }
 
-    fn borrow(&self) -> PyResult<PlanView<'_>> {
+    pub(crate) fn borrow(&self) -> PyResult<PlanView<'_>> {
         Ok(match self {
             Plan::Concat { starts, order } => {
                 PlanView::Concat { starts: slice(starts, "starts")?, order: order.values()? }
@@ -131,7 +128,7 @@ impl Plan {
 
 /// [`Plan`] borrowed for one call.
 #[derive(Clone, Copy)]
-enum PlanView<'b> {
+pub(crate) enum PlanView<'b> {
     Concat { starts: &'b [i64], order: Indices<'b> },
     FirstFit { row_ptr: &'b [i64], row_docs: Indices<'b>, sizes: Indices<'b>, pad: u64 },
 }
@@ -180,20 +177,21 @@ impl PlanView<'_> {
 }
 
 /// What one packed batch is written into: `dst` (tokens), `seg` and `pos` (one per token).
-struct Out<'b> {
-    dst: &'b mut [u8],
+pub(crate) struct Out<'b> {
+    pub(crate) dst: &'b mut [u8],
     seg: &'b mut [i32],
     pos: &'b mut [i32],
 }
 
 impl<'b> Out<'b> {
-    /// The outputs for `tokens` tokens of `itemsize` bytes, checked and cut to that size.
-    fn get(
+    /// The outputs for `tokens` tokens of `itemsize` bytes, checked and cut to that size; with
+    /// no segment ids and positions (`segments: None`: whole records, not packed rows) those two
+    /// are empty.
+    pub(crate) fn get(
         tokens: u64,
         itemsize: usize,
         dst: &'b PyBuffer<u8>,
-        seg: &'b PyBuffer<i32>,
-        pos: &'b PyBuffer<i32>,
+        segments: Option<(&'b PyBuffer<i32>, &'b PyBuffer<i32>)>,
     ) -> PyResult<Self> {
         if !(1..=8).contains(&itemsize) {
             return Err(crate::errors::bad_argument(format!(
@@ -201,28 +199,33 @@ impl<'b> Out<'b> {
             )));
         }
         let dst = slice_mut(dst, "destination")?;
-        let seg = slice_mut(seg, "segments")?;
-        let pos = slice_mut(pos, "positions")?;
+        let (seg, pos): (&mut [i32], &mut [i32]) = match segments {
+            Some((seg, pos)) => (slice_mut(seg, "segments")?, slice_mut(pos, "positions")?),
+            None => (&mut [], &mut []),
+        };
         let n = usize::try_from(tokens).unwrap_or(usize::MAX);
-        if dst.len() / itemsize < n || seg.len() < n || pos.len() < n {
+        let short = segments.is_some() && (seg.len() < n || pos.len() < n);
+        if dst.len() / itemsize < n || short {
             return Err(crate::errors::bad_argument(format!(
                 "the outputs must hold {tokens} tokens"
             )));
         }
-        Ok(Out { dst: &mut dst[..n * itemsize], seg: &mut seg[..n], pos: &mut pos[..n] })
+        let m = seg.len().min(n);
+        Ok(Out { dst: &mut dst[..n * itemsize], seg: &mut seg[..m], pos: &mut pos[..m] })
     }
 
     /// The first `tokens` tokens, and the rest.
-    fn split(self, tokens: usize, itemsize: usize) -> (Out<'b>, Out<'b>) {
+    pub(crate) fn split(self, tokens: usize, itemsize: usize) -> (Out<'b>, Out<'b>) {
         let (d0, d1) = self.dst.split_at_mut(tokens * itemsize);
-        let (s0, s1) = self.seg.split_at_mut(tokens);
-        let (p0, p1) = self.pos.split_at_mut(tokens);
+        let marks = tokens.min(self.seg.len());
+        let (s0, s1) = self.seg.split_at_mut(marks);
+        let (p0, p1) = self.pos.split_at_mut(marks);
         (Out { dst: d0, seg: s0, pos: p0 }, Out { dst: d1, seg: s1, pos: p1 })
     }
 }
 
 /// One source's share of a batch: its store, its parts and windows, and its outputs.
-struct Share<'b> {
+pub(crate) struct Share<'b> {
     store: Arc<zrecord::Store>,
     parts: Vec<Part>,
     windows: Windows,
@@ -234,7 +237,7 @@ impl<'b> Share<'b> {
     /// Rows `rows` of the plan `plan` over the documents stored as `stored`, into `out`
     /// (padding written first when the plan pads).
     #[allow(clippy::too_many_arguments, reason = "a packed view's arguments")]
-    fn plan(
+    pub(crate) fn plan(
         store: Arc<zrecord::Store>,
         plan: PlanView<'_>,
         stored: StoredView<'_>,
@@ -256,7 +259,11 @@ impl<'b> Share<'b> {
 
 /// Reads every share's windows in one parallel job, then writes their end tokens, segment ids
 /// and positions.
-fn read(shares: &mut [Share<'_>], itemsize: usize, shards: usize) -> zrecord::Result<()> {
+pub(crate) fn read(
+    shares: &mut [Share<'_>],
+    itemsize: usize,
+    shards: usize,
+) -> zrecord::Result<()> {
     let mut reads: Vec<StoreParts<'_>> = shares
         .iter_mut()
         .map(|s| StoreParts {
@@ -301,7 +308,7 @@ fn one_view(
     let stored = Stored::get(layout)?;
     let (stored, plan) = (stored.borrow()?, plan.borrow()?);
     let tokens = rows.len() as u64 * seq_len;
-    let out = Out::get(tokens, itemsize, outs.0, outs.1, outs.2)?;
+    let out = Out::get(tokens, itemsize, outs.0, Some((outs.1, outs.2)))?;
     let shards = shards.unwrap_or(usize::MAX);
     detach(py, move || {
         let share = Share::plan(store, plan, stored, &rows, seq_len, eos, itemsize, out)?;
@@ -372,160 +379,7 @@ pub fn pack_first_fit(
     one_view(py, &store, &plan, &rows, seq_len, eos_id, itemsize, outs, max_shards, layout)
 }
 
-/// One packed view of a mixture, its fixed arguments taken once.
-struct Source {
-    store: Py<Zrecord>,
-    plan: Plan,
-    stored: Stored,
-    eos: Option<u64>,
-}
-
-/// A mixture of packed views of one `seq_len` and token size, read a batch (a run of
-/// positions) at a time. See `loaderx._views.mixture`.
-#[pyclass(name = "MixedPack", module = "loaderx._native", frozen)]
-pub struct MixedPack {
-    run: zsampler::mixture::MixedRun,
-    sources: Vec<Source>,
-    seq_len: u64,
-    itemsize: usize,
-    /// Positions from this one on are not the mixture's.
-    limit: u64,
-}
-
-/// A source as Python passes it: `(store, ("concat", starts, order) | ("first_fit", row_ptr,
-/// row_docs, sizes, pad_id), eos_id, layout)`.
-type SourceArgs<'py> = (Bound<'py, Zrecord>, Bound<'py, PyAny>, Option<u64>, StoredAs<'py>);
-
-impl MixedPack {
-    fn source(args: SourceArgs<'_>) -> PyResult<Source> {
-        let (store, plan, eos, layout) = args;
-        let kind: String = plan.get_item(0)?.extract()?;
-        let plan = match kind.as_str() {
-            "concat" => Plan::concat(plan.get_item(1)?.extract()?, &plan.get_item(2)?)?,
-            "first_fit" => Plan::first_fit(
-                plan.get_item(1)?.extract()?,
-                &plan.get_item(2)?,
-                &plan.get_item(3)?,
-                plan.get_item(4)?.extract()?,
-            )?,
-            other => {
-                return Err(crate::errors::bad_argument(format!(
-                    "a plan is 'concat' or 'first_fit', not {other:?}"
-                )))
-            }
-        };
-        Ok(Source { store: store.unbind(), plan, stored: Stored::get(layout)?, eos })
-    }
-}
-
-#[pymethods]
-impl MixedPack {
-    /// `MixedPack(table, orders, sources, seq_len, itemsize, limit)`: the mixed order (see
-    /// `MixedRun`) and each source's packed view (see [`SourceArgs`]), in the same order.
-    #[new]
-    fn new(
-        table: PyBuffer<u16>,
-        orders: Vec<(u64, u64, u64, u64)>,
-        sources: Vec<SourceArgs<'_>>,
-        seq_len: u64,
-        itemsize: usize,
-        limit: u64,
-    ) -> PyResult<Self> {
-        if orders.len() != sources.len() || seq_len == 0 || !(1..=8).contains(&itemsize) {
-            return Err(crate::errors::bad_argument(format!(
-                "{} orders for {} sources, seq_len {seq_len}, itemsize {itemsize}: one order per \
-                 source, seq_len > 0 and itemsize 1..8",
-                orders.len(),
-                sources.len()
-            )));
-        }
-        let src = slice(&table, "table")?.to_vec();
-        let orders = orders
-            .into_iter()
-            .map(|(n, a, b, base)| SourceOrder::new(n, a, b, base))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(crate::errors::sampler_to_py)?;
-        let run =
-            zsampler::mixture::MixedRun::new(src, orders).map_err(crate::errors::sampler_to_py)?;
-        let sources = sources.into_iter().map(Self::source).collect::<PyResult<Vec<_>>>()?;
-        Ok(Self { run, sources, seq_len, itemsize, limit })
-    }
-
-    /// `fill(positions, dst, segments, positions_out, sources, records, max_shards)`: the batch
-    /// of the mixture's positions `positions` (uint64) when they are a run (`first, first + 1,
-    /// ...`; else None and nothing is written): the rows grouped by source, each source's in
-    /// its draw order, their tokens into `dst`, their segment ids and positions, each row's
-    /// source into `sources` (int32, or None) and its record (the source's row) into `records`
-    /// (uint64). Returns each source's draws before the run and in it.
-    #[pyo3(signature = (positions, dst, segments, positions_out, sources, records, max_shards))]
-    #[allow(clippy::too_many_arguments, reason = "one batch and its outputs")]
-    fn fill(
-        &self,
-        py: Python<'_>,
-        positions: PyBuffer<u64>,
-        dst: PyBuffer<u8>,
-        segments: PyBuffer<i32>,
-        positions_out: PyBuffer<i32>,
-        sources: Option<PyBuffer<i32>>,
-        records: PyBuffer<u64>,
-        max_shards: Option<usize>,
-    ) -> PyResult<Option<(Vec<u64>, Vec<u64>)>> {
-        let at = slice(&positions, "positions")?;
-        let n = at.len();
-        let first = at.first().copied().unwrap_or(0);
-        let is_run = n > 0
-            && first.checked_add(n as u64).is_some_and(|end| end <= self.limit)
-            && at.iter().zip(first..).all(|(&p, want)| p == want);
-        if !is_run {
-            return Ok(None);
-        }
-        let records = slice_mut(&records, "records")?;
-        let src = sources.as_ref().map(|b| slice_mut(b, "sources")).transpose()?;
-        if records.len() != n || src.as_ref().is_some_and(|s| s.len() != n) {
-            return Err(crate::errors::bad_argument(format!(
-                "records and sources must hold one entry per position ({n})"
-            )));
-        }
-        let (seq_len, itemsize) = (self.seq_len, self.itemsize);
-        let out = Out::get(n as u64 * seq_len, itemsize, &dst, &segments, &positions_out)?;
-        let mut views = Vec::with_capacity(self.sources.len());
-        for s in &self.sources {
-            views.push((s.store.get().handle()?, s.plan.borrow()?, s.stored.borrow()?, s.eos));
-        }
-        let k = views.len();
-        let shards = max_shards.unwrap_or(usize::MAX);
-        let (mut starts, mut takes) = (vec![0u64; k], vec![0u64; k]);
-        detach(py, || -> zrecord::Result<()> {
-            let bad = |e: zsampler::SamplerError| zrecord::Error::InvalidArgument(e.to_string());
-            self.run.run(first, records, &mut starts, &mut takes).map_err(bad)?;
-            let (mut rest, mut lo) = (out, 0usize);
-            let mut shares = Vec::with_capacity(k);
-            for ((store, plan, stored, eos), &take) in views.into_iter().zip(&takes) {
-                let m = usize::try_from(take).unwrap_or(usize::MAX).min(n - lo);
-                let tokens = m * usize::try_from(seq_len).unwrap_or(usize::MAX);
-                let (mine, after) = rest.split(tokens, itemsize);
-                rest = after;
-                let rows = &records[lo..lo + m];
-                shares.push(Share::plan(store, plan, stored, rows, seq_len, eos, itemsize, mine)?);
-                lo += m;
-            }
-            if let Some(src) = src {
-                let mut lo = 0usize;
-                for (s, &take) in takes.iter().enumerate() {
-                    let m = usize::try_from(take).unwrap_or(usize::MAX).min(n - lo);
-                    src[lo..lo + m].fill(i32::try_from(s).unwrap_or(i32::MAX));
-                    lo += m;
-                }
-            }
-            read(&mut shares, itemsize, shards)
-        })
-        .py()?;
-        Ok(Some((starts, takes)))
-    }
-}
-
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack_concat, m)?)?;
-    m.add_function(wrap_pyfunction!(pack_first_fit, m)?)?;
-    m.add_class::<MixedPack>()
+    m.add_function(wrap_pyfunction!(pack_first_fit, m)?)
 }

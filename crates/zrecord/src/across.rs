@@ -12,10 +12,14 @@
 //! sort into one array, so each store sees its records in batch order, and one pair of index
 //! buffers serves every store of a call. A call that fails may have written the records of the
 //! stores before the failing one; an index past the last store fails before anything is read.
+//!
+//! [`gather_fixed_shares`] is the other shape: each store's records already chosen (a mixture's
+//! sources), read in one parallel job rather than one per store.
 
 use std::ops::Range;
 
 use crate::error::{Error, Result};
+use crate::pool::{num_threads, run_sharded_at_most, MIN_SHARD_BYTES};
 use crate::store::Store;
 
 /// The batch located and grouped by store: `local[i]` is record `i`'s index in its store, and
@@ -204,6 +208,76 @@ pub fn gather_fixed_across(
         }
     }
     Ok(())
+}
+
+/// One store's records in [`gather_fixed_shares`]: record `indices[i]` into row `i` of `dst`.
+pub struct FixedShare<'a> {
+    pub store: &'a Store,
+    pub indices: &'a [u64],
+    pub dst: &'a mut [u8],
+}
+
+/// A piece of a share, read by one block.
+struct Piece<'a> {
+    store: &'a Store,
+    indices: &'a [u64],
+    dst: &'a mut [u8],
+}
+
+/// Several stores' records of `record_len` bytes in one parallel job: the shares' rows, end to
+/// end, are cut into at most `max_shards` blocks of about equal size (a block may span two
+/// stores), each read on one thread by one single-threaded gather per store in it
+/// ([`Store::gather_fixed_at`]: its checks, its consistent read, its cold path). A batch over
+/// several stores so hands work to the pool once, as one store's batch does, instead of once
+/// per store. Every share's sizes and indices are checked before anything is read; a record of
+/// the wrong length is found by its piece's gather, which may come after other pieces wrote.
+///
+/// # Errors
+/// A destination that does not hold its share's records, an index past its store, or what a
+/// store's own gather refuses.
+pub fn gather_fixed_shares(
+    shares: &mut [FixedShare<'_>],
+    record_len: usize,
+    max_shards: usize,
+) -> Result<()> {
+    for s in shares.iter() {
+        if s.indices.len().checked_mul(record_len) != Some(s.dst.len()) {
+            return Err(Error::invalid(format!(
+                "destination holds {} bytes, not {} records of {record_len} bytes",
+                s.dst.len(),
+                s.indices.len()
+            )));
+        }
+        let len = s.store.len();
+        if let Some(&index) = s.indices.iter().find(|&&i| i >= len) {
+            return Err(Error::IndexOutOfRange { index, len });
+        }
+    }
+    let rows: usize = shares.iter().map(|s| s.indices.len()).sum();
+    let total = rows.saturating_mul(record_len);
+    let blocks =
+        num_threads().min(max_shards).min(rows).min((total / MIN_SHARD_BYTES).max(1)).max(1);
+    let per = rows.div_ceil(blocks).max(1);
+    // Block b holds the rows b * per .. (b + 1) * per of the shares end to end.
+    let mut items: Vec<Vec<Piece<'_>>> = (0..blocks).map(|_| Vec::new()).collect();
+    let mut at = 0usize;
+    for s in shares.iter_mut() {
+        let (mut indices, mut dst) = (s.indices, &mut *s.dst);
+        while !indices.is_empty() {
+            let block = at / per;
+            let take = indices.len().min((block + 1) * per - at);
+            let (mine, rest) = indices.split_at(take);
+            let (into, tail) = std::mem::take(&mut dst).split_at_mut(take * record_len);
+            items[block].push(Piece { store: s.store, indices: mine, dst: into });
+            (indices, dst, at) = (rest, tail, at + take);
+        }
+    }
+    run_sharded_at_most(&mut items, total, max_shards, |block: &mut [Vec<Piece<'_>>]| {
+        for piece in block.iter_mut().flatten() {
+            piece.store.gather_fixed_at(piece.indices, None, piece.dst, record_len, 1)?;
+        }
+        Ok(())
+    })
 }
 
 /// [`Store::gather`] over several stores: record `indices[i]` of the concatenation into `dst`

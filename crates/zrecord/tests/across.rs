@@ -3,7 +3,9 @@
 
 mod common;
 use common::*;
-use zrecord::across::{gather_across, gather_fixed_across, lengths_across, Starts};
+use zrecord::across::{
+    gather_across, gather_fixed_across, gather_fixed_shares, lengths_across, FixedShare, Starts,
+};
 use zrecord::{Codec, Error, Store};
 
 /// Three stores of 40 fixed 24-byte records each; record r of store k is `record(k * 1000 + r)`.
@@ -95,4 +97,64 @@ fn bad_offsets_and_indices_are_refused() {
     // Offsets that claim more records than a store holds: its own check refuses the index.
     let beyond = lengths_across(&refs, &Starts::new(2, vec![0, 50, 90]).unwrap(), &[45]);
     assert!(matches!(beyond, Err(Error::IndexOutOfRange { index: 45, len: 40 })));
+}
+
+#[test]
+fn shares_of_several_stores_read_in_one_job_equal_each_record() {
+    // Three stores (raw, zstd, raw) of 4 KiB records and shares of uneven sizes, so that the
+    // blocks of the job cut through stores at every shard count.
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let len = 4096;
+    let owned: Vec<Store> = [Codec::Raw, Codec::Zstd, Codec::Raw]
+        .into_iter()
+        .enumerate()
+        .map(|(k, codec)| {
+            let s = open(dirs[k].path(), codec);
+            let recs: Vec<Vec<u8>> = (0..90).map(|r| record(k as u64 * 1000 + r, len)).collect();
+            let (buf, off) = pack(&recs);
+            s.append(&buf, &off, None).unwrap();
+            s
+        })
+        .collect();
+    let mut rng = Rng(5);
+    for shards in [1, 2, 3, usize::MAX] {
+        let idx: Vec<Vec<u64>> =
+            [70, 5, 130].iter().map(|&n| (0..n).map(|_| rng.below(90)).collect()).collect();
+        let mut outs: Vec<Vec<u8>> = idx.iter().map(|i| vec![0u8; i.len() * len]).collect();
+        let mut shares: Vec<FixedShare<'_>> = owned
+            .iter()
+            .zip(&idx)
+            .zip(outs.iter_mut())
+            .map(|((store, indices), dst)| FixedShare { store, indices, dst })
+            .collect();
+        gather_fixed_shares(&mut shares, len, shards).unwrap();
+        for (k, (indices, out)) in idx.iter().zip(&outs).enumerate() {
+            let want: Vec<u8> =
+                indices.iter().flat_map(|&i| record(k as u64 * 1000 + i, len)).collect();
+            assert!(out == &want, "store {k}, {shards} shards");
+        }
+    }
+}
+
+#[test]
+fn shares_with_a_bad_index_or_size_are_refused_before_anything_is_read() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let owned = stores(&dirs, Codec::Raw);
+    let (mut first, mut second) = (vec![7u8; 48], vec![7u8; 24]);
+    let mut shares = [
+        FixedShare { store: &owned[0], indices: &[1, 2], dst: &mut first },
+        FixedShare { store: &owned[1], indices: &[40], dst: &mut second },
+    ];
+    let r = gather_fixed_shares(&mut shares, 24, usize::MAX);
+    assert!(matches!(r, Err(Error::IndexOutOfRange { index: 40, len: 40 })), "{r:?}");
+    let mut c = vec![7u8; 30];
+    let mut shares = [FixedShare { store: &owned[0], indices: &[1], dst: &mut c }];
+    let r = gather_fixed_shares(&mut shares, 24, usize::MAX);
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+    assert!(first.iter().chain(&second).chain(&c).all(|&x| x == 7), "a refused call wrote");
+    // A record of another length than asked is its store's own refusal.
+    let mut d = vec![0u8; 32];
+    let mut shares = [FixedShare { store: &owned[2], indices: &[0], dst: &mut d }];
+    let r = gather_fixed_shares(&mut shares, 32, usize::MAX);
+    assert!(matches!(r, Err(Error::Corrupt { .. })), "{r:?}");
 }

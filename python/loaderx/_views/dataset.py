@@ -154,6 +154,11 @@ class DenseDataset(_StoreView):
     kind = "dense"
     view_digest = ""  # a whole dataset
 
+    def _native_source(self) -> Any:
+        """The native store a mixture reads this dataset's records from in one call with its
+        other sources' (``_native.MixedBatch``): record ``i`` of the store is row ``i``."""
+        return self._store._native
+
     def gather_rows(self, idxs: npt.NDArray[np.uint64], dst: npt.NDArray[np.uint8],
                     shards: int | None = None,
                     rows: npt.NDArray[np.uint64] | None = None) -> None:

@@ -511,7 +511,7 @@ class Mixture:
                        if ds is not None and self._how[s] == _SEGMENTS else None
                        for s, ds in enumerate(self._fixed)]
         self._gathered = _Gathered()
-        self._mixed_pack = self._native_batches()
+        self._one_call = self._native_batches()
         digest = hashlib.sha1(repr((core.config, normalize_seed(core.seed), name, [
             (len(s[name]), getattr(s[name], "view_digest", ""), s[name].kind,
              np.dtype(s[name].dtype).str, tuple(s[name].item_shape)) for s in core.sources]))
@@ -593,12 +593,15 @@ class Mixture:
         return idx[self._core.order(idx)]
 
     def _native_batches(self) -> Any:
-        """The whole batch in one native call (``_native.MixedPack``: the run resolved and
-        every source's rows read in one parallel job) when every source is a packed view with
-        one plan read natively and one table serves the whole run (no schedule); else None."""
+        """The whole batch in one native call (``_native.MixedBatch``: the run resolved and
+        every source's rows read in one parallel job) when one table serves the whole run (no
+        schedule) and every source reads natively with one plan: all dense datasets, or all
+        packed views that pack once; else None."""
         core = self._core
-        if self.kind != "dense" or core._mixed_run is None or \
-                any(h != _SEGMENTS for h in self._how):
+        if self.kind != "dense" or core._mixed_run is None:
+            return None
+        dense = all(h == _PLAIN for h in self._how)
+        if not dense and any(h != _SEGMENTS for h in self._how):
             return None
         args = []
         for ds in self._fixed:
@@ -607,10 +610,12 @@ class Mixture:
             if one is None:
                 return None
             args.append(one)
-        return _native.MixedPack(
+        row_items, itemsize = (self.record_bytes, 1) if dense else \
+            (self._row_items, self._dtype.itemsize)
+        return _native.MixedBatch(
             core.plan.last.x.src.astype(np.uint16),
-            [(n, *o) for n, o in zip(core.length_of, core._orders, strict=True)], args,
-            self._row_items, self._dtype.itemsize, MIX_LENGTH)
+            [(n, *o) for n, o in zip(core.length_of, core._orders, strict=True)], dense, args,
+            row_items, itemsize, MIX_LENGTH)
 
     def _stream(self, s: int, p: int) -> Any:
         """Source ``s``'s view for its pass ``p``: the one view of a source that packs once
@@ -666,22 +671,27 @@ class Mixture:
         if self._check is not None:
             self._check(n)  # a packed view's refusal of a batch past its limits
         core = self._core
-        native = self._mixed_pack
+        native = self._one_call
         if native is not None and rows is None and idxs.dtype == _U64 and \
                 idxs.flags.c_contiguous:
-            seg = np.empty(n * self._row_items, dtype=np.int32)
-            pos = np.empty(n * self._row_items, dtype=np.int32)
+            packed = bool(self._companion_suffixes)
+            seg = np.empty(n * self._row_items, dtype=np.int32) if packed else None
+            pos = np.empty(n * self._row_items, dtype=np.int32) if packed else None
             src = np.empty(n, dtype=np.int32) if self._emit_source else None
             every = np.empty(n, dtype=_U64)
             got = native.fill(idxs, dst, seg, pos, src, every, shards)
             if got is not None:  # a run: resolved, read and its companions written at once
                 resolved = _Resolved(None, got[1], None, every, (core, got[0]), src)
                 core.keep(idxs, resolved)
-                shape = (n, *self._item_shape)
-                suffixes = self._companion_suffixes
                 g = self._gathered
                 g.of = resolved
-                g.arrays = {suffixes[0]: seg.reshape(shape), suffixes[1]: pos.reshape(shape)}
+                if seg is not None and pos is not None:
+                    shape = (n, *self._item_shape)
+                    suffixes = self._companion_suffixes
+                    g.arrays = {suffixes[0]: seg.reshape(shape),
+                                suffixes[1]: pos.reshape(shape)}
+                else:
+                    g.arrays = None
                 return
         name = self._name
         rb = self.record_bytes

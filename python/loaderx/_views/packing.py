@@ -628,7 +628,7 @@ class PackedDataset:
         return store, how, self._eos_bits, layout
 
     def _native_source(self) -> tuple[Any, ...] | None:
-        """A source of ``_native.MixedPack`` (see :meth:`_native_args`), or None: a view that
+        """A source of ``_native.MixedBatch`` (see :meth:`_native_args`), or None: a view that
         re-packs per pass has no one plan."""
         return None if self.repacks else self._native_args()
 
