@@ -16,7 +16,7 @@
 //! * a smaller source (where two digits would give few distinct orders) sorts `0..n` by the
 //!   keyed hash `mix64(key ^ (i + 1) * GOLDEN)` of each element, ties by element.
 
-use strength_reduce::StrengthReducedU64;
+use fastdivide::DividerU64;
 
 use crate::mix::{mix64, GOLDEN};
 use crate::SamplerError;
@@ -33,6 +33,29 @@ const ROUND: [u64; 4] =
 
 /// How far a round's hash is shifted down before it is added to a digit.
 const SHIFT: u32 = 29;
+
+/// A digit's range as a divider: a multiply and a shift per division (libdivide's method, the
+/// `fastdivide` crate) instead of a division, which costs more than the rest of a round.
+#[derive(Clone, Copy)]
+struct DigitRange {
+    d: u64,
+    div: DividerU64,
+}
+
+impl DigitRange {
+    fn new(d: u64) -> Self {
+        DigitRange { d, div: DividerU64::divide_by(d) }
+    }
+
+    fn div_rem(self, x: u64) -> (u64, u64) {
+        let q = self.div.divide(x);
+        (q, x - q * self.d)
+    }
+
+    fn rem(self, x: u64) -> u64 {
+        self.div_rem(x).1
+    }
+}
 
 /// One source of a mixture: its length, its permutation domain's digits and its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,7 +88,7 @@ impl SourceOrder {
     }
 
     /// The keyed bijection of `[0, a * b)` (four rounds, one digit each) of one element.
-    fn feistel(x: u64, key: u64, a: StrengthReducedU64, b: StrengthReducedU64) -> u64 {
+    fn feistel(x: u64, key: u64, a: DigitRange, b: DigitRange) -> u64 {
         let mut one = [x];
         Self::feistel_lanes(&mut one, key, a, b);
         one[0]
@@ -74,7 +97,7 @@ impl SourceOrder {
     /// Element `k` (`< n`) of the permutation keyed `key`, for a source of more than
     /// [`SMALL`] records: cycle-walking ends, since the network permutes a domain holding `k`.
     /// Given a `v >= n` the network made of some element, it continues that element's walk.
-    fn walk(&self, k: u64, key: u64, a: StrengthReducedU64, b: StrengthReducedU64) -> u64 {
+    fn walk(&self, k: u64, key: u64, a: DigitRange, b: DigitRange) -> u64 {
         let mut y = Self::feistel(k, key, a, b);
         while y >= self.n {
             y = Self::feistel(y, key, a, b);
@@ -126,7 +149,7 @@ impl SourceOrder {
     /// time: the rounds of neighbouring elements are independent, so the processor overlaps
     /// them (one element's rounds are a chain of multiplies).
     fn large_stretch(&self, key: u64, k: u64, out: &mut [u64]) {
-        let (a, b) = (StrengthReducedU64::new(self.a), StrengthReducedU64::new(self.b));
+        let (a, b) = (DigitRange::new(self.a), DigitRange::new(self.b));
         let mut next = k;
         let mut chunks = out.chunks_exact_mut(LANES);
         for chunk in &mut chunks {
@@ -146,30 +169,24 @@ impl SourceOrder {
 
     /// The keyed bijection of `[0, a * b)` of `N` elements in lockstep: four rounds on the
     /// digits `(x / b, x mod b)`, each adding a hash of the other digit modulo its range; `a`
-    /// and `b` are the digit ranges as multiplies (a division per round costs more than the
-    /// rest).
-    fn feistel_lanes<const N: usize>(
-        x: &mut [u64; N],
-        key: u64,
-        a: StrengthReducedU64,
-        b: StrengthReducedU64,
-    ) {
+    /// and `b` are the digit ranges as dividers.
+    fn feistel_lanes<const N: usize>(x: &mut [u64; N], key: u64, a: DigitRange, b: DigitRange) {
         let mut hi = [0; N];
         let mut lo = [0; N];
         for i in 0..N {
-            (hi[i], lo[i]) = StrengthReducedU64::div_rem(x[i], b);
+            (hi[i], lo[i]) = b.div_rem(x[i]);
         }
         for (r, c) in ROUND.iter().enumerate() {
             for i in 0..N {
                 if r % 2 == 0 {
-                    hi[i] = hi[i].wrapping_add(((lo[i] ^ key).wrapping_mul(*c)) >> SHIFT) % a;
+                    hi[i] = a.rem(hi[i].wrapping_add(((lo[i] ^ key).wrapping_mul(*c)) >> SHIFT));
                 } else {
-                    lo[i] = lo[i].wrapping_add(((hi[i] ^ key).wrapping_mul(*c)) >> SHIFT) % b;
+                    lo[i] = b.rem(lo[i].wrapping_add(((hi[i] ^ key).wrapping_mul(*c)) >> SHIFT));
                 }
             }
         }
         for i in 0..N {
-            x[i] = hi[i].wrapping_mul(b.get()).wrapping_add(lo[i]);
+            x[i] = hi[i].wrapping_mul(b.d).wrapping_add(lo[i]);
         }
     }
 }
@@ -185,6 +202,30 @@ mod tests {
         let mut out = vec![0; usize::try_from(order.n).unwrap()];
         order.draws_into(pass * order.n, &mut out).unwrap();
         out
+    }
+
+    #[test]
+    fn a_digit_range_divides_exactly() {
+        let mut state = 0x1234_5678_9ABC_DEF0u64;
+        let mut values = |count: usize| -> Vec<u64> {
+            (0..count)
+                .map(|_| {
+                    state = mix64(state);
+                    state >> (state % 64)
+                })
+                .collect()
+        };
+        let mut divisors =
+            vec![1, 2, 3, 7, 640, 4_294_967_295, 4_294_967_297, 1 << 40, (1 << 63) + 1, u64::MAX];
+        divisors.extend(values(200).into_iter().filter(|&d| d > 0));
+        for d in divisors {
+            let r = DigitRange::new(d);
+            let mut xs = vec![0, 1, d - 1, d, d.wrapping_add(1), u64::MAX, u64::MAX - 1];
+            xs.extend(values(50));
+            for v in xs {
+                assert_eq!(r.div_rem(v), (v / d, v % d), "{v} / {d}");
+            }
+        }
     }
 
     #[test]

@@ -19,6 +19,9 @@ use crate::SamplerError;
 /// The table's counts are kept every this many positions.
 pub const BLOCK: usize = 64;
 
+/// Up to this many sources, a count within a block is one vector pass per source.
+const FEW: usize = 8;
+
 /// One period of a mixed order and its sources' permutations.
 #[derive(Clone, Debug)]
 pub struct MixedRun {
@@ -77,8 +80,17 @@ impl MixedRun {
             // full * weight <= positions, and a count within one period keeps the sum there.
             *count = full * weight + in_block;
         }
-        for &s in &self.src[block * BLOCK..offset] {
-            out[usize::from(s)] += 1;
+        let tail = &self.src[block * BLOCK..offset];
+        if sources <= FEW {
+            // One compare-and-count pass per source, which the compiler turns into vector
+            // compares: a few instructions a source instead of a dependent add per position.
+            for (s, count) in (0u16..).zip(out.iter_mut()) {
+                *count += tail.iter().filter(|&&x| x == s).count() as u64;
+            }
+        } else {
+            for &s in tail {
+                out[usize::from(s)] += 1;
+            }
         }
     }
 
