@@ -630,6 +630,23 @@ def test_packed_sources_without_their_native_batch_call_read_the_same(tmp_path, 
     assert native[0][1]["tok_segment_ids"].any() and native[0][1]["tok_positions"].any()
 
 
+def _count_native_batches(m):
+    """A list that gets, for each native batch call of ``m`` from now on, whether it read the
+    batch (positions that are not a run are left to the Python path)."""
+    real = m._one_call
+    assert real is not None
+    calls = []
+
+    class Counting:
+        def fill(self, *a):
+            got = real.fill(*a)
+            calls.append(got is not None)
+            return got
+
+    m._one_call = Counting()
+    return calls
+
+
 def _packed_sources(tmp_path):
     """Packed views of every layout a mixture reads in one native call -- concat over a raw
     store, first_fit over a zstd store, a view of a subset, documents stored in pieces, and a
@@ -666,17 +683,7 @@ def test_a_mixture_of_packed_views_reads_a_batch_in_one_native_call(tmp_path, em
     views, refs = _packed_sources(tmp_path)
     m = mix(views, [3, 3, 2, 2, 4], seed=4)
     m._emit_source = emit  # (the second stream of a dict of sources has no _source key)
-    assert m._one_call is not None
-    calls = []
-    real = m._one_call
-
-    class Counting:
-        def fill(self, *a):
-            got = real.fill(*a)
-            calls.append(got is not None)
-            return got
-
-    m._one_call = Counting()
+    calls = _count_native_batches(m)
     n = 48
     batches = [np.arange(k * n, (k + 1) * n, dtype=np.uint64) for k in range(5)]
     batches += [np.arange(1000, 1000 + n, dtype=np.uint64)[::-1].copy(),
@@ -712,17 +719,7 @@ def test_a_mixture_of_dense_datasets_reads_a_batch_in_one_native_call(tmp_path):
         from_numpy(tmp_path / f"s{s}", values, codec=codec)
         paths.append(tmp_path / f"s{s}")
     m = mix([DenseDataset(p) for p in paths], [5, 3, 1], seed=6)
-    real = m._one_call
-    assert real is not None
-    calls = []
-
-    class Counting:
-        def fill(self, *a):
-            got = real.fill(*a)
-            calls.append(got is not None)
-            return got
-
-    m._one_call = Counting()
+    calls = _count_native_batches(m)
     for idxs in [np.arange(k * 256, (k + 1) * 256, dtype=np.uint64) for k in range(4)] + [
             np.array([7, 2, 2, 900], dtype=np.uint64)]:
         dst = np.empty(len(idxs) * m.record_bytes, dtype=np.uint8)

@@ -10,7 +10,6 @@
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use zrecord::across::{gather_fixed_shares, FixedShare};
-use zsampler::draws::SourceOrder;
 
 use crate::buffers::{slice, slice_mut};
 use crate::errors::IntoPyResult;
@@ -103,14 +102,7 @@ impl MixedBatch {
         if dense && itemsize != 1 {
             return bad("dense records are counted in bytes: itemsize 1".into());
         }
-        let src = slice(&table, "table")?.to_vec();
-        let orders = orders
-            .into_iter()
-            .map(|(n, a, b, base)| SourceOrder::new(n, a, b, base))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(crate::errors::sampler_to_py)?;
-        let run =
-            zsampler::mixture::MixedRun::new(src, orders).map_err(crate::errors::sampler_to_py)?;
+        let run = crate::sampler::mixed_run(&table, orders)?;
         let sources = if dense {
             Sources::Dense(
                 sources

@@ -161,6 +161,21 @@ fn mix_draws(
 
 /// A mixture's batch bookkeeping: one period of its mixed order and its sources'
 /// permutations (see `zsampler::mixture`). Immutable: threads share it.
+/// A mixed order from Python's arguments: `table` the uint16 source of each position of a
+/// period, `orders` each source's `(length, a, b, base)` (see `mix_draws`).
+pub(crate) fn mixed_run(
+    table: &PyBuffer<u16>,
+    orders: Vec<(u64, u64, u64, u64)>,
+) -> PyResult<zsampler::mixture::MixedRun> {
+    let src = slice(table, "table")?.to_vec();
+    let orders = orders
+        .into_iter()
+        .map(|(n, a, b, base)| SourceOrder::new(n, a, b, base))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(crate::errors::sampler_to_py)?;
+    zsampler::mixture::MixedRun::new(src, orders).map_err(crate::errors::sampler_to_py)
+}
+
 #[pyclass(name = "MixedRun", module = "loaderx._native", frozen)]
 pub struct MixedRun {
     pub(crate) core: zsampler::mixture::MixedRun,
@@ -172,15 +187,7 @@ impl MixedRun {
     /// `orders` each source's `(length, a, b, base)` (see `mix_draws`).
     #[new]
     fn new(table: PyBuffer<u16>, orders: Vec<(u64, u64, u64, u64)>) -> PyResult<Self> {
-        let src = slice(&table, "table")?.to_vec();
-        let orders = orders
-            .into_iter()
-            .map(|(n, a, b, base)| SourceOrder::new(n, a, b, base))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(crate::errors::sampler_to_py)?;
-        let core =
-            zsampler::mixture::MixedRun::new(src, orders).map_err(crate::errors::sampler_to_py)?;
-        Ok(Self { core })
+        Ok(Self { core: mixed_run(&table, orders)? })
     }
 
     /// `run(first, records)`: positions `first, first + 1, ...` (one per entry of the uint64

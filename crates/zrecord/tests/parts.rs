@@ -29,21 +29,12 @@ fn windows_equal_slices_of_whole_records() {
         let (buf, off) = pack(&recs);
         store.append(&buf, &off, None).unwrap();
         let mut rng = Rng(codec as u64 + 3);
-        let parts = windows(&mut rng, &lens, 500);
-        let (mut idxs, mut starts, mut sizes, mut offsets) = (vec![], vec![], vec![], vec![]);
-        let mut at = 0;
-        for &(i, s, n) in &parts {
-            idxs.push(i);
-            starts.push(s);
-            sizes.push(n);
-            offsets.push(at);
-            at += n;
-        }
-        let mut dst = vec![0u8; at as usize];
-        store.gather_parts(&idxs, &starts, &sizes, &mut dst, &offsets).unwrap();
+        let w = share(recs, &mut rng, 500);
+        let mut dst = vec![0u8; w.bytes];
+        store.gather_parts(&w.idxs, &w.starts, &w.sizes, &mut dst, &w.offsets).unwrap();
         let mut at = 0usize;
-        for &(i, s, n) in &parts {
-            let want = &recs[i as usize][s as usize..(s + n) as usize];
+        for &(i, s, n) in &w.parts {
+            let want = &w.recs[i as usize][s as usize..(s + n) as usize];
             assert_eq!(&dst[at..at + n as usize], want, "{codec:?} record {i} window {s}+{n}");
             at += n as usize;
         }
