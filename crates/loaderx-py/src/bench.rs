@@ -69,6 +69,17 @@ fn write_profile(reset: bool) -> std::collections::HashMap<&'static str, (f64, u
 }
 
 /// Adds the ceilings to the native module.
+/// Seconds per call of `batch(b)` for `b` in `0..batches`, timed with the GIL released.
+fn seconds_per_batch<E: Send>(
+    py: Python<'_>,
+    batches: u64,
+    mut batch: impl FnMut(u64) -> Result<(), E> + Send,
+) -> Result<f64, E> {
+    let t = std::time::Instant::now();
+    exit::detach(py, move || (0..batches).try_for_each(&mut batch))?;
+    Ok(t.elapsed().as_secs_f64() / batches.max(1) as f64)
+}
+
 /// Seconds per batch to resolve `batches` consecutive runs of `n` positions of a mixture from
 /// position `first` on (each source's counts and draws: what a mixture's batch call does before
 /// it reads), timed in the engine.
@@ -83,16 +94,12 @@ fn mixed_run_seconds(
     let core = &run.core;
     let k = core.sources();
     let (mut records, mut starts, mut takes) = (vec![0u64; n], vec![0u64; k], vec![0u64; k]);
-    let t = std::time::Instant::now();
-    exit::detach(py, || {
-        for b in 0..batches {
-            core.run(first + b * n as u64, &mut records, &mut starts, &mut takes)?;
-            std::hint::black_box(&records);
-        }
+    seconds_per_batch(py, batches, |b| {
+        core.run(first + b * n as u64, &mut records, &mut starts, &mut takes)?;
+        std::hint::black_box(&records);
         Ok(())
     })
-    .map_err(errors::sampler_to_py)?;
-    Ok(t.elapsed().as_secs_f64() / batches.max(1) as f64)
+    .map_err(errors::sampler_to_py)
 }
 
 /// Seconds per batch of `n` indices of a store of `length` records in the shuffled (`cyclic`)
@@ -102,16 +109,12 @@ fn shuffled_batch_seconds(py: Python<'_>, length: u64, n: u64, batches: u64) -> 
     let sampler = zsampler::Sampler::new(length, n, zsampler::Mode::Cyclic, 42)
         .map_err(errors::sampler_to_py)?;
     let mut out = vec![0u64; usize::try_from(n).unwrap_or(usize::MAX)];
-    let t = std::time::Instant::now();
-    exit::detach(py, || {
-        for step in 0..batches {
-            sampler.fill(step, &mut out)?;
-            std::hint::black_box(&out);
-        }
+    seconds_per_batch(py, batches, |step| {
+        sampler.fill(step, &mut out)?;
+        std::hint::black_box(&out);
         Ok(())
     })
-    .map_err(errors::sampler_to_py)?;
-    Ok(t.elapsed().as_secs_f64() / batches.max(1) as f64)
+    .map_err(errors::sampler_to_py)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -7,14 +7,17 @@
 //! (`zrecord::gather_parts_across`). The sources' fixed arguments are taken once, when it is
 //! made; a batch that is not a run of positions is left to the Python path.
 
+use std::sync::Arc;
+
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use zrecord::across::{gather_fixed_shares, FixedShare};
+use zrecord::Store;
 
 use crate::buffers::{slice, slice_mut};
 use crate::errors::IntoPyResult;
 use crate::exit::detach;
-use crate::packed::{read, Out, Plan, Share, Stored, StoredAs};
+use crate::packed::{read, Out, Plan, PlanView, Share, Stored, StoredAs, StoredView};
 use crate::store::Zrecord;
 
 /// One packed view of a mixture, its fixed arguments taken once.
@@ -68,10 +71,10 @@ pub struct MixedBatch {
     limit: u64,
 }
 
-/// A share of a batch, as `fill` plans it before reading.
-enum Planned<'b> {
-    Dense(Vec<FixedShare<'b>>),
-    Packed(Vec<Share<'b>>),
+/// The sources as one call reads them: engine handles, and packed views' plans borrowed.
+enum Taken<'b> {
+    Dense(Vec<Arc<Store>>),
+    Packed(Vec<(Arc<Store>, PlanView<'b>, StoredView<'b>, Option<u64>)>),
 }
 
 #[pymethods]
@@ -169,25 +172,19 @@ impl MixedBatch {
         let k = self.run.sources();
         let (mut starts, mut takes) = (vec![0u64; k], vec![0u64; k]);
         // The sources' engine handles and borrowed plans, taken with the GIL.
-        let mut dense = Vec::new();
-        let mut packed = Vec::new();
-        match &self.sources {
+        let taken = match &self.sources {
             Sources::Dense(stores) => {
-                for s in stores {
-                    dense.push(s.get().handle()?);
-                }
+                Taken::Dense(stores.iter().map(|s| s.get().handle()).collect::<PyResult<_>>()?)
             }
-            Sources::Packed(views) => {
-                for v in views {
-                    packed.push((
-                        v.store.get().handle()?,
-                        v.plan.borrow()?,
-                        v.stored.borrow()?,
-                        v.eos,
-                    ));
-                }
-            }
-        }
+            Sources::Packed(views) => Taken::Packed(
+                views
+                    .iter()
+                    .map(|v| {
+                        Ok((v.store.get().handle()?, v.plan.borrow()?, v.stored.borrow()?, v.eos))
+                    })
+                    .collect::<PyResult<_>>()?,
+            ),
+        };
         let shards = max_shards.unwrap_or(usize::MAX);
         detach(py, || -> zrecord::Result<()> {
             let bad = |e: zsampler::SamplerError| zrecord::Error::InvalidArgument(e.to_string());
@@ -201,36 +198,39 @@ impl MixedBatch {
                 bounds.push(lo..lo + m);
                 lo += m;
             }
-            let mut rest = out;
-            let mut planned = if dense.is_empty() {
-                Planned::Packed(Vec::with_capacity(k))
-            } else {
-                Planned::Dense(Vec::with_capacity(k))
-            };
-            for (s, rows) in bounds.iter().enumerate() {
-                let (mine, after) = rest.split(rows.len() * row_items as usize, itemsize);
-                rest = after;
-                let rows = &records[rows.clone()];
-                match &mut planned {
-                    Planned::Dense(shares) => {
-                        shares.push(FixedShare { store: &dense[s], indices: rows, dst: mine.dst });
-                    }
-                    Planned::Packed(shares) => {
-                        let (store, plan, stored, eos) = packed[s].clone();
-                        shares.push(Share::plan(
-                            store, plan, stored, rows, row_items, eos, itemsize, mine,
-                        )?);
-                    }
-                }
-            }
             if let Some(src) = src {
                 for (s, rows) in bounds.iter().enumerate() {
                     src[rows.clone()].fill(i32::try_from(s).unwrap_or(i32::MAX));
                 }
             }
-            match &mut planned {
-                Planned::Dense(shares) => gather_fixed_shares(shares, row_bytes, shards),
-                Planned::Packed(shares) => read(shares, itemsize, shards),
+            let tokens = |rows: &std::ops::Range<usize>| rows.len() * row_items as usize;
+            let mut rest = out;
+            match taken {
+                Taken::Dense(stores) => {
+                    let mut shares = Vec::with_capacity(k);
+                    for (store, rows) in stores.iter().zip(&bounds) {
+                        let (mine, after) = rest.split(tokens(rows), itemsize);
+                        rest = after;
+                        shares.push(FixedShare {
+                            store,
+                            indices: &records[rows.clone()],
+                            dst: mine.dst,
+                        });
+                    }
+                    gather_fixed_shares(&mut shares, row_bytes, shards)
+                }
+                Taken::Packed(views) => {
+                    let mut shares = Vec::with_capacity(k);
+                    for ((store, plan, stored, eos), rows) in views.into_iter().zip(&bounds) {
+                        let (mine, after) = rest.split(tokens(rows), itemsize);
+                        rest = after;
+                        let rows = &records[rows.clone()];
+                        shares.push(Share::plan(
+                            store, plan, stored, rows, row_items, eos, itemsize, mine,
+                        )?);
+                    }
+                    read(&mut shares, itemsize, shards)
+                }
             }
         })
         .py()?;

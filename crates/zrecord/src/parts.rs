@@ -12,6 +12,7 @@ use crate::format::{Codec, RecordLoc};
 use crate::gather::for_record;
 use crate::pool::run_sharded_at_most;
 use crate::store::Store;
+use crate::sums::Sums;
 
 /// One window to read: bytes `start .. start + dst.len()` of its record.
 struct Part<'d> {
@@ -106,10 +107,14 @@ impl Store {
     }
 
     /// Fills the windows of one record: straight from the map for a raw record (unless reads
-    /// are checked), else through one decode into `whole`.
-    fn read_group(&self, g: &mut Group<'_>, whole: &mut Vec<u8>) -> Result<()> {
+    /// are checked against `sums`), else through one decode into `whole`.
+    fn read_group(
+        &self,
+        g: &mut Group<'_>,
+        sums: Option<&Sums>,
+        whole: &mut Vec<u8>,
+    ) -> Result<()> {
         let Some((codec, chunk)) = self.locate(g.index, &g.loc)? else { return Ok(()) };
-        let sums = self.checked_reads();
         if codec == Codec::Raw && sums.is_none() {
             for p in &mut g.parts {
                 let at = u64::from(g.loc.offset) + p.start;
@@ -156,6 +161,8 @@ pub fn gather_parts_across(reads: &mut [StoreParts<'_>], max_shards: usize) -> R
             )));
         }
     }
+    // Checked reads are decided once per store and call, not per record.
+    let sums: Vec<Option<&Sums>> = stores.iter().map(|s| s.checked_reads()).collect();
     within_consistent_reads(&stores, &mut || {
         let mut groups: Vec<Group<'_>> = Vec::new();
         for (source, r) in reads.iter_mut().enumerate() {
@@ -164,8 +171,7 @@ pub fn gather_parts_across(reads: &mut [StoreParts<'_>], max_shards: usize) -> R
         // The work a group costs: its windows' bytes for a raw record read unchecked (a token
         // row of a long document copies 1 KiB, not the document), else the record.
         let cost = |g: &Group<'_>| {
-            let store = stores[g.source];
-            if g.loc.codec == Codec::Raw as u8 && store.checked_reads().is_none() {
+            if g.loc.codec == Codec::Raw as u8 && sums[g.source].is_none() {
                 g.parts.iter().map(|p| p.dst.len()).sum()
             } else {
                 g.loc.logic_length as usize
@@ -175,7 +181,7 @@ pub fn gather_parts_across(reads: &mut [StoreParts<'_>], max_shards: usize) -> R
         run_sharded_at_most(&mut groups, total, max_shards, |block: &mut [Group<'_>]| {
             let mut whole = Vec::new();
             for g in block.iter_mut() {
-                stores[g.source].read_group(g, &mut whole)?;
+                stores[g.source].read_group(g, sums[g.source], &mut whole)?;
             }
             Ok(())
         })
@@ -244,12 +250,10 @@ fn group_by_record<'d>(
     let mut order: Vec<(u64, usize)> = indices.iter().copied().zip(0..).collect();
     order.sort_unstable();
     let mut pieces: Vec<Option<&'d mut [u8]>> = pieces.into_iter().map(Some).collect();
-    let first = into.len();
     for (index, i) in order {
         let dst = pieces[i].take().unwrap_or_default();
-        let ours = into.len() > first;
         match into.last_mut() {
-            Some(g) if ours && g.index == index => {
+            Some(g) if g.source == source && g.index == index => {
                 g.parts.push(Part { start: starts[i], dst });
             }
             _ => into.push(Group {
