@@ -156,6 +156,29 @@ impl Zrecord {
         detach(py, || store.gather_fixed_at(&idxs, rows.as_deref(), dst, record_len, shards)).py()
     }
 
+    /// Rows of a block store (a dataset directory's column group): row `idxs[i]` into
+    /// `dst[i * row_len..][..row_len]`, record `b` holding rows `b * block_rows ..`; every row
+    /// must be below `rows`, the count of the caller's commit point.
+    #[pyo3(signature = (idxs, dst, block_rows, row_len, rows, max_shards=None))]
+    #[allow(clippy::too_many_arguments, reason = "the arrays and layout of one call")]
+    fn gather_block_rows(
+        &self,
+        py: Python<'_>,
+        idxs: PyBuffer<u64>,
+        dst: PyBuffer<u8>,
+        block_rows: u64,
+        row_len: usize,
+        rows: u64,
+        max_shards: Option<usize>,
+    ) -> PyResult<()> {
+        let store = self.get()?;
+        let idxs = idxs.to_vec(py)?;
+        let dst = slice_mut(&dst, "destination")?;
+        let layout = zrecord::BlockLayout { block_rows, row_len, rows };
+        let shards = max_shards.unwrap_or(usize::MAX);
+        detach(py, || store.gather_block_rows(&idxs, layout, dst, shards)).py()
+    }
+
     /// Windows of records: bytes `starts[i] .. starts[i] + lens[i]` of record `idxs[i]` into
     /// `dst` at `offsets[i]` (a compressed record decoded once per call), split into at most
     /// `max_shards` parallel blocks (all pool threads when not given).

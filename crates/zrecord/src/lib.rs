@@ -22,6 +22,7 @@ compile_error!(
 mod access;
 pub mod across;
 mod append;
+mod blocks;
 #[cfg(feature = "bench")]
 pub mod ceiling;
 mod chunks;
@@ -54,6 +55,7 @@ mod store;
 pub mod sums;
 mod writeback;
 
+pub use blocks::BlockLayout;
 pub use compact::CompactReport;
 pub use error::{Error, Result};
 pub use format::Codec;

@@ -101,6 +101,13 @@ class Builder:
             else Stream(name, ds, False, ds.record_bytes, ds.item_shape, ds.dtype)
             for name, ds in streams.items()]
         self.names = frozenset(streams)
+        # Columns of one column group (loaderx._views.group) are read together: one gather of
+        # the group's rows a batch, then each column's values taken out of them.
+        self.grouped: dict[int, Any] = {}
+        for i, s in enumerate(self.streams):
+            group = getattr(s.ds, "column_group", None)
+            if group is not None and not s.ragged:
+                self.grouped[i] = group
         # The streams' companion arrays (see loaderx.source), merged into each batch.
         self.companions = [getattr(ds, "companions", None) for ds in streams.values()]
 
@@ -196,6 +203,7 @@ class Builder:
                 sizes.append(n * s.record_bytes)
         memory.reserve(sizes)
         batch: dict[str, Any] = {}
+        group_rows: dict[int, np.ndarray] = {}
         for i, (s, layout, companions) in enumerate(
                 zip(self.streams, layouts, self.companions, strict=True)):
             if layout is not None:
@@ -206,7 +214,13 @@ class Builder:
                 batch[s.name] = _ragged_views(buf, offsets, nbytes, s.dtype, s.item_shape)
             else:
                 out, raw = memory.dense(i, (n, *s.item_shape), s.dtype, n)
-                if n:
+                group = self.grouped.get(i)
+                if n and group is not None:
+                    rows = group_rows.get(id(group))
+                    if rows is None:
+                        rows = group_rows[id(group)] = group.read(idx, shards)
+                    s.ds.take_field(rows, raw)
+                elif n:
                     s.ds.gather_rows(idx, raw, shards)
                 batch[s.name] = out
             if companions is not None:

@@ -103,6 +103,15 @@ from loaderx._store import schema as _schema
 from loaderx._store import staging
 from loaderx._views.concat import ConcatDataset, register_class_names
 from loaderx._views.dataset import DenseDataset, RaggedDataset
+from loaderx._views.group import (
+    MAX_GROUP_ROW_BYTES,
+    ColumnGroup,
+    GroupColumn,
+    GroupField,
+    GroupLayout,
+    pack_rows,
+    plan_layout,
+)
 from loaderx.converter import AUTO_RAW_BELOW
 from loaderx.errors import (
     CorruptStoreError,
@@ -132,7 +141,10 @@ __all__ = [
 
 MANIFEST_FILE = "manifest.json"
 FORMAT = "loaderx-dataset"
-VERSION = 1
+#: The manifest version written: 2 for a directory with column groups (and a generation), 1
+#: otherwise (what earlier loaderx versions read). Both are read.
+VERSION = 2
+VERSIONS = (1, 2)
 PARTS_DIR = "parts"
 #: Largest manifest read or written (it is metadata: class names, column types).
 MAX_MANIFEST_BYTES = 16 << 20
@@ -151,6 +163,9 @@ COLUMN_THREADS = 16
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 _ESCAPED_NAME = re.compile(r"_[0-9]{1,5}_[A-Za-z0-9._-]{0,40}\Z")
 _PART_PATH = re.compile(r"parts/[0-9]{5,6}\Z")
+_GROUP_NAME = re.compile(r"_group_[0-9]{1,4}\Z")
+#: Most column groups one directory holds.
+MAX_GROUPS = 64
 _RESERVED_NAMES = {PARTS_DIR, MANIFEST_FILE}
 _DATA = Any  # a batch of one column (see DirectoryWriter.append)
 
@@ -169,6 +184,8 @@ class Column:
     item_shape: tuple[int, ...]
     codec: str
     extra: dict[str, Any] = field(default_factory=dict)
+    group: int | None = None  # the column group holding it (None: a store of its own)
+    offset: int = 0  # a grouped column's byte offset in the group's rows
 
     @property
     def is_string(self) -> bool:
@@ -177,11 +194,36 @@ class Column:
 
     def to_json(self, with_store: bool = True) -> dict[str, Any]:
         body: dict[str, Any] = {"name": self.name}
-        if with_store:
+        if with_store and self.group is not None:
+            body.update(group=self.group, offset=self.offset)
+        elif with_store:
             body["store"] = self.store
         body.update(kind=self.kind, dtype=self.dtype.str, item_shape=list(self.item_shape),
                     codec=self.codec, extra=self.extra)
         return body
+
+
+@dataclass(frozen=True)
+class Group:
+    """One column group of a dataset directory (see :mod:`loaderx._views.group`): its block
+    store's directory, the bytes of a row, rows per block and the store's codec."""
+
+    store: str
+    row_bytes: int
+    block_rows: int
+    codec: str
+
+    @property
+    def layout(self) -> GroupLayout:
+        return GroupLayout(self.row_bytes, self.block_rows)
+
+    def blocks(self, rows: int) -> int:
+        """Records of the block store for ``rows`` rows."""
+        return -(-rows // self.block_rows)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"store": self.store, "row_bytes": self.row_bytes,
+                "block_rows": self.block_rows, "codec": self.codec}
 
 
 @dataclass(frozen=True)
@@ -201,6 +243,13 @@ class Manifest:
     columns: tuple[Column, ...]
     parts: tuple[Part, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    groups: tuple[Group, ...] = ()
+    generation: str = ""  # a grouped directory's: new at every commit ("" in version 1)
+    grouped: bool = False  # a directory of parts whose parts have column groups
+
+    @property
+    def version(self) -> int:
+        return 2 if self.groups or self.grouped or self.generation else 1
 
     def column(self, name: str) -> Column:
         for c in self.columns:
@@ -210,8 +259,14 @@ class Manifest:
                            f"{', '.join(repr(c.name) for c in self.columns) or '(none)'}")
 
     def to_bytes(self) -> bytes:
-        body: dict[str, Any] = {"format": FORMAT, "version": VERSION, "rows": self.rows,
-                                "columns": [c.to_json(not self.parts) for c in self.columns]}
+        body: dict[str, Any] = {"format": FORMAT, "version": self.version, "rows": self.rows}
+        if self.version == 2:
+            body["generation"] = self.generation
+        if self.groups:
+            body["groups"] = [g.to_json() for g in self.groups]
+        if self.grouped:
+            body["grouped"] = True
+        body["columns"] = [c.to_json(not self.parts) for c in self.columns]
         if self.parts:
             body["parts"] = [{"path": p.path, "rows": p.rows} for p in self.parts]
         body["extra"] = self.extra
@@ -297,14 +352,21 @@ def _parse_manifest(body: Any, file: str) -> Manifest:
         raise bad("does not hold a JSON object")
     if body.get("format") != FORMAT:
         raise DatasetError(f"{file}: format {body.get('format')!r} is not {FORMAT!r}")
-    if body.get("version") != VERSION:
-        raise DatasetError(f"{file}: version {body.get('version')!r} is not supported (this "
-                           f"loaderx reads version {VERSION}); upgrade loaderx")
-    rows = body.get("rows")
+    version = body.get("version")
+    if version not in VERSIONS or isinstance(version, bool):
+        raise DatasetError(f"{file}: version {version!r} is not supported (this loaderx reads "
+                           f"versions {', '.join(map(str, VERSIONS))}); upgrade loaderx")
+    generation = body.get("generation", "") if version == 2 else ""
+    if not isinstance(generation, str) or len(generation) > 64:
+        raise bad(f"generation {generation!r} is not a string of at most 64 characters")
     raw_parts = body.get("parts")
-    if not isinstance(rows, int) or not _is_count(
-            rows, MAX_RECORDS if raw_parts is None else MAX_RECORDS * MAX_PARTS):
-        raise bad(f"rows {rows!r} is not a row count")
+    groups = _parse_groups(body.get("groups", []) if version == 2 else [], bad)
+    if raw_parts is not None and groups:
+        raise bad("a directory of parts has no column groups of its own (its parts do)")
+    grouped = body.get("grouped", False) if version == 2 else False
+    if not isinstance(grouped, bool):
+        raise bad(f"grouped {grouped!r} is not a boolean")
+    rows = body.get("rows")
     cols = body.get("columns")
     if not isinstance(cols, list) or len(cols) > MAX_COLUMNS:
         raise bad(f"columns is not a list of at most {MAX_COLUMNS}")
@@ -316,9 +378,16 @@ def _parse_manifest(body: Any, file: str) -> Manifest:
         if name in names:
             raise bad(f"column name {name!r} appears twice")
         names.add(name)
-        store = c.get("store", "") if raw_parts is not None else c.get("store")
-        if raw_parts is None and (not isinstance(store, str) or not is_store_dir_name(store)
-                                  or store.lower() in stores):
+        group, offset = c.get("group"), c.get("offset", 0)
+        if group is not None and (raw_parts is not None or not _is_count(group, len(groups) - 1)
+                                  or not _is_count(offset, MAX_RECORD_BYTES)):
+            raise bad(f"column {name!r} names group {group!r} at offset {offset!r}, which "
+                      "this directory does not have")
+        store: Any = groups[group].store if group is not None else (
+            c.get("store", "") if raw_parts is not None else c.get("store"))
+        if group is None and raw_parts is None and (
+                not isinstance(store, str) or not is_store_dir_name(store)
+                or store.lower() in stores):
             raise bad(f"column {name!r} names the store {store!r}, which is not a directory "
                       "name of this layout (or is named twice)")
         if isinstance(store, str):
@@ -341,7 +410,11 @@ def _parse_manifest(body: Any, file: str) -> Manifest:
         codec = c.get("codec", "zstd")
         if codec not in _native.CODECS:
             raise bad(f"column {name!r} has codec {codec!r}")
-        columns.append(Column(name, str(store), c["kind"], dtype, tuple(shape), codec, extra))
+        columns.append(Column(name, str(store), c["kind"], dtype, tuple(shape), codec, extra,
+                              group, offset if group is not None else 0))
+    _check_fields(columns, groups, bad)
+    if not isinstance(rows, int) or not _is_count(rows, _most_rows(columns, groups, raw_parts)):
+        raise bad(f"rows {rows!r} is not a row count")
     parts: list[Part] = []
     if raw_parts is not None:
         if not isinstance(raw_parts, list) or not raw_parts or len(raw_parts) > MAX_PARTS:
@@ -361,12 +434,61 @@ def _parse_manifest(body: Any, file: str) -> Manifest:
     extra = body.get("extra", {})
     if not isinstance(extra, dict):
         raise bad(f"extra {extra!r} is not an object")
-    return Manifest(rows, tuple(columns), tuple(parts), extra)
+    return Manifest(rows, tuple(columns), tuple(parts), extra, groups, generation, grouped)
+
+
+def _parse_groups(raw: Any, bad: Callable[[str], CorruptStoreError]) -> tuple[Group, ...]:
+    if not isinstance(raw, list) or len(raw) > MAX_GROUPS:
+        raise bad(f"groups is not a list of at most {MAX_GROUPS}")
+    groups: list[Group] = []
+    for g in raw:
+        if not isinstance(g, dict) or not isinstance(g.get("store"), str) or \
+                not _GROUP_NAME.match(g["store"]) or \
+                not _is_count(g.get("row_bytes"), MAX_RECORD_BYTES) or not g["row_bytes"] or \
+                not _is_count(g.get("block_rows"), MAX_RECORD_BYTES) or not g["block_rows"] or \
+                g["row_bytes"] * g["block_rows"] > MAX_RECORD_BYTES or \
+                g.get("codec") not in _native.CODECS or \
+                any(g["store"] == other.store for other in groups):
+            raise bad(f"group {g!r} is not {{'store': '_group_N', 'row_bytes': n, "
+                      "'block_rows': n, 'codec': ...}} with a block of at most "
+                      f"{MAX_RECORD_BYTES} bytes (or is named twice)")
+        groups.append(Group(g["store"], g["row_bytes"], g["block_rows"], g["codec"]))
+    return tuple(groups)
+
+
+def _check_fields(columns: Sequence[Column], groups: Sequence[Group],
+                  bad: Callable[[str], CorruptStoreError]) -> None:
+    """Refuses grouped columns that are not dense or whose bytes overlap or leave the row."""
+    for k, g in enumerate(groups):
+        spans = []
+        for c in columns:
+            if c.group != k:
+                continue
+            if c.kind != "dense":
+                raise bad(f"column {c.name!r} is {c.kind}; a column group holds dense columns")
+            end = c.offset + math.prod(c.item_shape) * c.dtype.itemsize
+            if end > g.row_bytes:
+                raise bad(f"column {c.name!r} ends at byte {end} of a {g.row_bytes}-byte row")
+            spans.append((c.offset, end, c.name))
+        spans.sort()
+        for (_, end, a), (start, _, b) in zip(spans, spans[1:], strict=False):
+            if start < end:
+                raise bad(f"columns {a!r} and {b!r} overlap in their group's rows")
+
+
+def _most_rows(columns: Sequence[Column], groups: Sequence[Group], raw_parts: Any) -> int:
+    """Most rows a manifest may say: a store of its own holds one record a row, a group one
+    block of rows a record."""
+    if raw_parts is not None:
+        return MAX_RECORDS * MAX_PARTS
+    if groups and all(c.group is not None for c in columns):
+        return MAX_RECORDS * min(g.block_rows for g in groups)
+    return MAX_RECORDS
 
 
 # -- opening -------------------------------------------------------------------------------------
 
-Dataset = DenseDataset | RaggedDataset | ConcatDataset
+Dataset = DenseDataset | RaggedDataset | ConcatDataset | GroupColumn
 
 
 def open_dataset(path: str | os.PathLike[str], *, columns: Sequence[str] | None = None,
@@ -383,33 +505,70 @@ def open_dataset(path: str | os.PathLike[str], *, columns: Sequence[str] | None 
     path = os.path.abspath(os.fspath(path))
     manifest = read_manifest(path)
     chosen = _choose(manifest, columns)
-    opened: list[Dataset] = []
+    opened: list[Any] = []
     try:
         if not manifest.parts:
-            for col in chosen:
-                opened.append(_open_store(path, col, manifest.rows, verify_reads))
-            return {c.name: ds for c, ds in zip(chosen, opened, strict=True)}
-        part_sets, part_classes = [], []
-        for part in manifest.parts:
-            sub_path = os.path.join(path, *part.path.split("/"))
-            stores = []
-            owns = part_columns(path, part, chosen)
-            for own in owns:
-                ds = _open_store(sub_path, own, part.rows, verify_reads)
-                opened.append(ds)
-                stores.append(ds)
-            part_sets.append(stores)
-            part_classes.append([own.extra.get("classes") for own in owns])
-        # Each part's class names as its manifest has them: parts that number the classes
-        # differently are refused (ConcatDataset), not read as one numbering.
-        return {c.name: ConcatDataset([ps[i] for ps in part_sets], verify_reads=verify_reads,
-                                      _classes=[pc[i] for pc in part_classes])
-                for i, c in enumerate(chosen)}
+            groups = _open_groups(path, manifest, [(path, manifest, manifest.rows)], chosen,
+                                  verify_reads, opened)
+            return {c.name: (_open_store(path, c, manifest.rows, verify_reads, opened)
+                             if c.group is None else groups[c.name]) for c in chosen}
+        subs = [(part_directory(path, part), part) for part in manifest.parts]
+        owned = [(sub, part, read_manifest(sub), part_columns(path, part, chosen))
+                 for sub, part in subs]
+        grouped = [c for i, c in enumerate(chosen) if owned[0][3][i].group is not None] \
+            if owned else []
+        groups = _open_groups(path, manifest, [(sub, m, part.rows)
+                                               for sub, part, m, _ in owned],
+                              grouped, verify_reads, opened)
+        out: dict[str, Any] = {}
+        for i, c in enumerate(chosen):
+            if c.name in groups:
+                out[c.name] = groups[c.name]
+                continue
+            stores = [_open_store(sub, owns[i], part.rows, verify_reads, opened)
+                      for sub, part, _, owns in owned]
+            # Each part's class names as its manifest has them: parts that number the
+            # classes differently are refused (ConcatDataset), not read as one numbering.
+            out[c.name] = ConcatDataset(stores, verify_reads=verify_reads,
+                                        _classes=[owns[i].extra.get("classes")
+                                                  for _, _, _, owns in owned])
+        return out
     except BaseException:
         for ds in opened:
             with contextlib.suppress(Exception):
                 ds.close()
         raise
+
+
+def _open_groups(root: str, top: Manifest, units: Sequence[tuple[str, Manifest, int]],
+                 chosen: Sequence[Column], verify_reads: bool,
+                 opened: list[Any]) -> dict[str, GroupColumn]:
+    """The grouped columns among ``chosen`` as :class:`GroupColumn`s, each group opened once:
+    over the block stores of every unit (the directory itself, or each part in order), which
+    must all lay the group out alike (CorruptStoreError)."""
+    out: dict[str, GroupColumn] = {}
+    by_group: dict[int, list[str]] = {}
+    first = units[0][1] if units else top
+    for c in chosen:
+        own = first.column(c.name)
+        if own.group is not None:
+            by_group.setdefault(own.group, []).append(c.name)
+    for k, names in by_group.items():
+        g = first.groups[k]
+        segments = []
+        for sub, m, rows in units:
+            if len(m.groups) <= k or m.groups[k] != g or any(
+                    (m.column(n).group, m.column(n).offset) != (k, first.column(n).offset)
+                    for n in names):
+                raise CorruptStoreError(f"{sub}: its column group {k} is not laid out as the "
+                                        "first part's; the parts are not one dataset")
+            segments.append((os.path.join(sub, g.store), rows))
+        group = ColumnGroup(segments, g.layout, root, top.generation, verify_reads=verify_reads)
+        opened.append(group)
+        for n in names:
+            c = first.column(n)
+            out[n] = GroupColumn(group, GroupField(n, c.dtype, c.item_shape, c.offset))
+    return out
 
 
 def part_directory(root: str, part: Part) -> str:
@@ -485,7 +644,8 @@ def _choose(manifest: Manifest, columns: Sequence[str] | None) -> list[Column]:
     return chosen
 
 
-def _open_store(root: str, col: Column, rows: int, verify_reads: bool) -> Dataset:
+def _open_store(root: str, col: Column, rows: int, verify_reads: bool,
+                opened: list[Any] | None = None) -> Dataset:
     store = os.path.join(root, col.store)
     if os.path.islink(store) or not os.path.isdir(store):
         raise CorruptStoreError(f"{store}: the store of column {col.name!r} is missing (or is "
@@ -502,6 +662,8 @@ def _open_store(root: str, col: Column, rows: int, verify_reads: bool) -> Datase
         ds.close()
         raise CorruptStoreError(f"{store}: column {col.name!r} holds {found}; the manifest "
                                 f"says {rows} {col.dtype.str}{col.item_shape}{how}")
+    if opened is not None:
+        opened.append(ds)
     return ds
 
 
@@ -589,6 +751,42 @@ class _ColumnWriter:
     store: Zrecord | None = None
 
 
+@dataclass
+class _GroupWriter:
+    """The column group being written: its manifest entry, its columns (their places in the
+    writer's column list and in the rows), the block store's writer, and the rows of the
+    current part not yet in a full block."""
+
+    group: Group
+    members: list[int]
+    fields: list[GroupField]
+    writer: _ColumnWriter
+    pending: np.ndarray  # (k, row_bytes) uint8, k < block_rows
+
+    def rows_of(self, prepared: Sequence[tuple[np.ndarray, np.ndarray]], start: int,
+                count: int) -> np.ndarray:
+        """Rows ``start : start + count`` of a prepared batch, packed as the group lays them."""
+        arrays = []
+        for i, f in zip(self.members, self.fields, strict=True):
+            nb = f.nbytes
+            blob = prepared[i][0][start * nb:(start + count) * nb]
+            arrays.append(blob.view(f.dtype).reshape(count, *f.item_shape))
+        return pack_rows(self.group.layout, self.fields, arrays)
+
+    def add(self, rows: np.ndarray, flush: bool = False) -> None:
+        """Appends the full blocks of the pending rows and ``rows``; with ``flush``, the short
+        last block too (the part is closing)."""
+        assert self.writer.store is not None
+        rows = np.concatenate([self.pending, rows]) if len(self.pending) else rows
+        per = self.group.block_rows
+        full = len(rows) if flush else len(rows) // per * per
+        if full:
+            blocks = -(-full // per)
+            offsets = np.arange(blocks, dtype=np.uint64) * np.uint64(per * self.group.row_bytes)
+            self.writer.store.append(np.ascontiguousarray(rows[:full]).reshape(-1), offsets)
+        self.pending = rows[full:].copy()
+
+
 class DirectoryWriter:
     """Writes a dataset directory at ``dst`` as one transaction (see the module docstring)::
 
@@ -605,14 +803,23 @@ class DirectoryWriter:
     directory's extra keys. ``rows_per_part`` (default and at most 2**24, the records one
     store holds) starts a new part when a part is full, so any number of rows fits.
 
+    ``group_columns=True`` stores the fixed-width columns that are raw (dense records under
+    :data:`loaderx.converter.AUTO_RAW_BELOW` bytes, or declared ``codec="raw"``) together, in one
+    *column group* (:mod:`loaderx._views.group`): rows in blocks of about 64 KiB, one table
+    entry a block, read for all its columns in one native call. Without other columns such a
+    directory holds up to 2**24 blocks of rows (no parts).
+
     Leaving the ``with`` normally commits (:meth:`commit`); an exception aborts
     (:meth:`abort`), as does a writer that is garbage collected uncommitted."""
 
     def __init__(self, dst: str | os.PathLike[str], *, overwrite: bool = False,
                  codec: Codec = "zstd", checksums: bool = False,
                  extra: Mapping[str, Any] | None = None,
-                 rows_per_part: int | None = None) -> None:
+                 rows_per_part: int | None = None, group_columns: bool = False) -> None:
         self.dst = os.path.abspath(os.fspath(dst))
+        self.group_columns = bool(group_columns)
+        self._rows_per_part_given = rows_per_part is not None
+        self._group: _GroupWriter | None = None
         self.codec: Codec = _store_codec(codec)
         self.checksums = bool(checksums)
         self.extra = dict(extra or {})
@@ -694,7 +901,7 @@ class DirectoryWriter:
             if w.column.name == name:
                 col = w.column
                 w.column = Column(col.name, col.store, col.kind, col.dtype, col.item_shape,
-                                  col.codec, dict(extra))
+                                  col.codec, dict(extra), col.group, col.offset)
                 Manifest(0, (w.column,)).to_bytes()
                 return
         raise DatasetError(f"no column {name!r} was declared")
@@ -703,6 +910,41 @@ class DirectoryWriter:
     def columns(self) -> list[Column]:
         """The columns declared so far, in order."""
         return [w.column for w in self._writers]
+
+    def _owners(self) -> list[_ColumnWriter]:
+        """The writers of a store each: the columns of their own, then the group's."""
+        own = [w for w in self._writers if w.column.group is None]
+        return own + ([self._group.writer] if self._group is not None else [])
+
+    def _plan_group(self) -> None:
+        """Puts the raw fixed-width columns into one column group (``group_columns=True``),
+        once the codecs are settled: before the first part is made."""
+        if not self.group_columns:
+            return
+        members, fields, width = [], [], 0
+        for i, w in enumerate(self._writers):
+            col = w.column
+            if col.kind != "dense" or w.codec != "raw" or not 0 < w.row_bytes <= \
+                    MAX_GROUP_ROW_BYTES or width + w.row_bytes > MAX_GROUP_ROW_BYTES * 16:
+                continue
+            members.append(i)
+            fields.append((col.name, col.dtype, col.item_shape))
+            width += w.row_bytes
+        if not members:
+            return
+        layout, placed = plan_layout(fields)
+        group = Group("_group_0", layout.row_bytes, layout.block_rows, "raw")
+        for i, f in zip(members, placed, strict=True):
+            col = self._writers[i].column
+            self._writers[i].column = Column(col.name, group.store, col.kind, col.dtype,
+                                             col.item_shape, "raw", col.extra, 0, f.offset)
+        store = Column("", group.store, "ragged", np.dtype(np.uint8), (), "raw",
+                       {"group": 0})
+        self._group = _GroupWriter(group, members, placed,
+                                   _ColumnWriter(store, "raw", 1, None),
+                                   np.zeros((0, layout.row_bytes), np.uint8))
+        if len(members) == len(self._writers) and not self._rows_per_part_given:
+            self.rows_per_part = MAX_RECORDS * layout.block_rows
 
     @property
     def rows(self) -> int:
@@ -747,6 +989,7 @@ class DirectoryWriter:
             for w, (blob, bounds) in zip(self._writers, prepared, strict=True):
                 if w.adaptive:
                     self._settle_codec(w, blob, bounds)
+            self._plan_group()
             self._new_part()
         done = 0
         while done < n:
@@ -757,11 +1000,18 @@ class DirectoryWriter:
                 space = self.rows_per_part
             take = min(space, n - done)
 
-            def append(w: _ColumnWriter, p: tuple[np.ndarray, np.ndarray], d: int = done,
-                       t: int = take) -> None:
-                _append_slice(w, p[0], p[1], d, t)
+            def append(w: _ColumnWriter, p: Any, d: int = done, t: int = take) -> None:
+                if isinstance(p, np.ndarray):  # the group's packed rows
+                    assert self._group is not None
+                    self._group.add(p)
+                else:
+                    _append_slice(w, p[0], p[1], d, t)
 
-            self._each(append, prepared)
+            work: list[Any] = [p for w, p in zip(self._writers, prepared, strict=True)
+                               if w.column.group is None]
+            if self._group is not None:
+                work.append(self._group.rows_of(prepared, done, take))
+            self._each(append, work)
             self._part_rows[-1] += take
             done += take
         self._state = "writing"
@@ -797,7 +1047,7 @@ class DirectoryWriter:
         col = w.column
         w.codec = "raw"
         w.column = Column(col.name, col.store, col.kind, col.dtype, col.item_shape, "raw",
-                          col.extra)
+                          col.extra, col.group, col.offset)
 
     # -- parts -------------------------------------------------------------------------------
 
@@ -810,6 +1060,8 @@ class DirectoryWriter:
                                      "rows; write fewer rows")
         part = self._part_dir(len(self._part_rows))
         os.makedirs(part)
+        if self._group is not None:
+            self._group.pending = self._group.pending[:0]
 
         def create(w: _ColumnWriter, _: object) -> None:
             col = w.column
@@ -817,7 +1069,8 @@ class DirectoryWriter:
             w.store = Zrecord(path, codec=w.codec)
             # Written before any record: a store with records always says what they are.
             _schema.write(path, _schema.Schema(col.kind, col.dtype, col.item_shape, w.codec,
-                                               {"column": col.name}))
+                                               {"column": col.name} if col.name or not
+                                               col.extra else dict(col.extra)))
             if self.checksums:
                 w.store.enable_checksums()
 
@@ -827,16 +1080,22 @@ class DirectoryWriter:
     def _close_part(self) -> None:
         """Syncs and closes the stores of the part being written and writes its manifest."""
         part = self._part_dir(len(self._part_rows) - 1)
+        if self._group is not None:
+            self._group.add(self._group.pending[:0], flush=True)
         self._each(lambda w, _: w.store.sync())  # type: ignore[union-attr]
-        for w in self._writers:
+        rows = self._part_rows[-1]
+        for w in self._owners():
             assert w.store is not None
-            if len(w.store) != self._part_rows[-1]:  # a bug, not bad input
-                raise InternalError(f"column {w.column.name!r} has {len(w.store)} rows in "
-                                    f"{part}, the others {self._part_rows[-1]}")
+            grouped = self._group is not None and w is self._group.writer
+            want = self._group_blocks(rows) if grouped else rows
+            if len(w.store) != want:  # a bug, not bad input
+                raise InternalError(f"column {w.column.name!r} has {len(w.store)} records in "
+                                    f"{part}, not {want}")
             w.store.close()
             w.store = None
         _native.replace_file(part, MANIFEST_FILE, Manifest(
-            self._part_rows[-1], tuple(self.columns), (), self.extra).to_bytes())
+            rows, tuple(self.columns), (), self.extra, self._groups(),
+            self._generation).to_bytes())
         staging.fsync_dir(part)
 
     # -- the end -----------------------------------------------------------------------------
@@ -847,6 +1106,7 @@ class DirectoryWriter:
         self._check_state(("open", "writing"), "commit")
         try:
             if self._state == "open":
+                self._plan_group()
                 self._new_part()
             self._state = "broken"
             Manifest(0, tuple(self.columns), (), self.extra).to_bytes()  # fails before syncing
@@ -856,18 +1116,19 @@ class DirectoryWriter:
             if len(self._part_rows) == 1:
                 # One part: its stores become the directory's own.
                 only = self._part_dir(0)
-                for w in self._writers:
+                for w in self._owners():
                     store = w.column.store
                     os.rename(os.path.join(only, store), os.path.join(root, store))
                 os.unlink(os.path.join(only, MANIFEST_FILE))
                 os.rmdir(only)
                 os.rmdir(parts_root)
-                manifest = Manifest(self._part_rows[0], tuple(self.columns), (), self.extra)
+                manifest = Manifest(self._part_rows[0], tuple(self.columns), (), self.extra,
+                                    self._groups(), self._generation)
             else:
                 staging.fsync_dir(parts_root)
                 manifest = Manifest(self.rows, tuple(self.columns), tuple(
                     Part(f"{PARTS_DIR}/{k:05d}", r) for k, r in enumerate(self._part_rows)),
-                    self.extra)
+                    self.extra, (), self._generation, self._group is not None)
             # The manifest last: with it the directory is complete.
             _native.replace_file(root, MANIFEST_FILE, manifest.to_bytes())
             self._publish()
@@ -881,11 +1142,27 @@ class DirectoryWriter:
     def _publish(self) -> None:
         put_in_place(self._staging, self.dst, self._old)
 
+    def _groups(self) -> tuple[Group, ...]:
+        return (self._group.group,) if self._group is not None else ()
+
+    def _group_blocks(self, rows: int) -> int:
+        assert self._group is not None
+        return self._group.group.blocks(rows)
+
+    @property
+    def _generation(self) -> str:
+        """The generation of the directory being written (a grouped one has one: version 2)."""
+        if self._group is None:
+            return ""
+        if not hasattr(self, "_gen"):
+            self._gen = os.urandom(8).hex()
+        return self._gen
+
     def abort(self) -> None:
         """Gives up: removes everything written; ``dst`` is left as it was."""
         if self._state in ("committed", "aborted"):
             return
-        for w in self._writers:
+        for w in self._owners():
             if w.store is not None:
                 with contextlib.suppress(Exception):
                     w.store.close()
@@ -898,8 +1175,9 @@ class DirectoryWriter:
         """Runs ``work(writer, args[i])`` for every column's writer, on the columns' threads
         when there are several (each store's calls wait on the disk, and release the GIL), and
         returns once every one has: then raises the first error, in column order."""
-        pairs = list(zip(self._writers, args if args is not None else [None] * len(
-            self._writers), strict=True))
+        owners = self._owners()
+        pairs = list(zip(owners, args if args is not None else [None] * len(owners),
+                         strict=True))
         if len(pairs) < 2:
             for w, a in pairs:
                 work(w, a)
