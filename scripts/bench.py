@@ -51,6 +51,8 @@ LAYERS = {
     "freethreaded": ("bench_freethreaded", "the GIL build against free-threaded 3.13t"),
     "loader-ab": ("bench_loader_ab", "the thread loader of another revision against this one"),
     "write": ("bench_write", "write paths"),
+    "tables": ("bench_tables", "a click log of 40 narrow columns: column groups against NumPy "
+               "memmaps and torch; conversion; disk"),
 }
 # `all`: the three layers of the specification (with their rows), then every layer that needs
 # nothing more than this checkout (freethreaded needs a second interpreter, loader-ab a revision).

@@ -382,8 +382,10 @@ def _info_dataset_directory(args: argparse.Namespace) -> int:
     try:
         for col in manifest.columns:
             ds = datasets[col.name]
-            parts = getattr(ds, "parts", [ds])
-            stats = [p.store.stats() for p in parts]
+            group = getattr(ds, "column_group", None)  # a grouped column: its group's stores
+            stores = group.stores if group is not None else [
+                p.store for p in getattr(ds, "parts", [ds])]
+            stats = [z.stats() for z in stores]
             columns.append({
                 "name": col.name, "store": col.store, "kind": col.kind, "dtype": col.dtype.str,
                 "item_shape": list(col.item_shape), "codec": col.codec, "extra": col.extra,

@@ -36,6 +36,7 @@ from loaderx.intake.directory import (
     ColumnStore,
     column_stores,
     is_dataset_directory,
+    is_group_store_name,
     is_part_path,
     is_store_dir_name,
     manifest_and_bytes,
@@ -446,12 +447,17 @@ def _folder_kind(path: list[str]) -> str | None:
     if path == [PARTS_DIR]:
         return "parts"
     if len(path) == 1:
-        return "store" if is_store_dir_name(path[0]) else None
+        return "store" if _is_store_folder(path[0]) else None
     if path[0] != PARTS_DIR or not is_part_path("/".join(path[:2])) or len(path) > 3:
         return None
     if len(path) == 2:
         return "dataset"
-    return "store" if is_store_dir_name(path[2]) else None
+    return "store" if _is_store_folder(path[2]) else None
+
+
+def _is_store_folder(name: str) -> bool:
+    """A column's store or a column group's (the manifest, checked at the end, says which)."""
+    return is_store_dir_name(name) or is_group_store_name(name)
 
 
 def _file_limit(folder_kind: str | None, name: str) -> tuple[int, bool] | None:

@@ -13,6 +13,7 @@ from loaderx.errors import CorruptStoreError, DatasetError, MissingDictionaryErr
 from loaderx.intake.directory import (
     Column,
     Part,
+    group_store_column,
     is_dataset_directory,
     part_directory,
     read_manifest,
@@ -124,8 +125,17 @@ def verify_dataset(path: str | os.PathLike[str], *, max_listed: int = 100) -> di
     budget = [max_listed]  # damaged records still to list, in the whole report
     if not manifest.parts:
         for col in manifest.columns:
-            columns[col.name]["stores"].append(
-                _check_store(path, col.store, None, col, manifest.rows, budget))
+            if col.group is None:
+                columns[col.name]["stores"].append(
+                    _check_store(path, col.store, None, col, manifest.rows, budget))
+            else:
+                columns[col.name]["group"] = group_store_column(
+                    manifest.groups[col.group], col.group).name
+        for k, g in enumerate(manifest.groups):
+            gc = group_store_column(g, k)
+            columns[gc.name] = _column_entry(gc, g.blocks(manifest.rows))
+            columns[gc.name]["stores"].append(
+                _check_store(path, g.store, None, gc, g.blocks(manifest.rows), budget))
     for part in manifest.parts:
         try:
             sub = read_manifest(part_directory(path, part))
@@ -146,8 +156,18 @@ def verify_dataset(path: str | os.PathLike[str], *, max_listed: int = 100) -> di
                     f"{part.path} has no column {col.name!r} of {col.kind} "
                     f"{col.dtype.str}{col.item_shape} (its manifest lacks it or says otherwise)")
                 continue
+            if own.group is not None:
+                gc = group_store_column(sub.groups[own.group], own.group)
+                columns[col.name]["group"] = gc.name
+                continue
             columns[col.name]["stores"].append(_check_store(
                 path, f"{part.path}/{own.store}", part, col, part.rows, budget))
+        for k, g in enumerate(sub.groups):
+            gc = group_store_column(g, k)
+            entry = columns.setdefault(gc.name, _column_entry(gc, 0))
+            entry["rows"] += g.blocks(part.rows)
+            entry["stores"].append(_check_store(path, f"{part.path}/{g.store}", part, gc,
+                                                g.blocks(part.rows), budget))
     for entry in columns.values():
         for store in entry["stores"]:
             for key in ("checked", "unchecked", "damaged"):

@@ -153,6 +153,11 @@ class ColumnGroup:
         self._natives = [z._native for z in self._stores]
 
     @property
+    def stores(self) -> list[Zrecord]:
+        """The block stores, in row order."""
+        return list(self._stores)
+
+    @property
     def paths(self) -> list[str]:
         return [s.path for s in self._segments]
 
@@ -223,9 +228,10 @@ def _open_block_store(path: str, rows: int, layout: GroupLayout,
                                 "link); the dataset directory is incomplete")
     z = Zrecord(path, verify_reads=verify_reads)
     need = -(-rows // layout.block_rows)
-    if len(z) < need:
+    have = len(z)
+    if have < need:
         z.close()
-        raise CorruptStoreError(f"{path}: the column group holds {len(z)} blocks of "
+        raise CorruptStoreError(f"{path}: the column group holds {have} blocks of "
                                 f"{layout.block_rows} rows; the manifest says {rows} rows "
                                 f"({need} blocks)")
     return z

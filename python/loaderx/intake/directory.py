@@ -328,6 +328,11 @@ def is_store_dir_name(name: str) -> bool:
         name not in _RESERVED_NAMES
 
 
+def is_group_store_name(name: str) -> bool:
+    """Whether ``name`` has the form of a column group's store directory, ``_group_N``."""
+    return bool(_GROUP_NAME.match(name))
+
+
 def is_part_path(path: str) -> bool:
     """Whether ``path`` (``/``-separated) has the form of a part's path, ``parts/NNNNN``."""
     return bool(_PART_PATH.match(path))
@@ -571,6 +576,18 @@ def _open_groups(root: str, top: Manifest, units: Sequence[tuple[str, Manifest, 
     return out
 
 
+def refuse_grouped(path: str, manifest: Manifest, what: str) -> None:
+    """Refuses to grow, shrink or repair a dataset directory with column groups (DatasetError
+    naming what to do instead): the rebuild-and-join path of :mod:`loaderx.intake.growing`
+    joins one store per column, and a group's blocks cannot be joined that way."""
+    if manifest.groups or manifest.grouped:
+        raise DatasetError(
+            f"{path} stores its fixed-width columns in a column group (written with "
+            f"group_columns=True); this loaderx cannot {what} rows of such a directory yet. "
+            "Convert the data again as a whole (from_arrow(..., group_columns=True) of every "
+            "file), or convert without group_columns to grow it in place")
+
+
 def part_directory(root: str, part: Part) -> str:
     """The directory of part ``part`` of the directory of parts ``root``. Neither ``parts/``
     nor the part may be a link (CorruptStoreError): a manifest names what lies inside its
@@ -627,9 +644,32 @@ def column_stores(path: str | os.PathLike[str],
     path = os.path.abspath(os.fspath(path))
     manifest = read_manifest(path) if manifest is None else manifest
     if not manifest.parts:
-        return [ColumnStore(c, None, c.store, manifest.rows) for c in manifest.columns]
-    return [ColumnStore(own, part, f"{part.path}/{own.store}", part.rows)
-            for part in manifest.parts for own in part_columns(path, part, manifest.columns)]
+        return _unit_stores(manifest, None, manifest.columns, manifest.rows)
+    found = []
+    for part in manifest.parts:
+        owns = part_columns(path, part, manifest.columns)
+        sub = read_manifest(part_directory(path, part))
+        found += _unit_stores(sub, part, owns, part.rows)
+    return found
+
+
+def _unit_stores(manifest: Manifest, part: Part | None, columns: Sequence[Column],
+                 rows: int) -> list[ColumnStore]:
+    """The stores of one directory of columns: each ungrouped column's, then each group's
+    block store (as :func:`group_store_column` describes it, holding its rows' blocks)."""
+    where = "" if part is None else f"{part.path}/"
+    stores = [ColumnStore(c, part, where + c.store, rows) for c in columns if c.group is None]
+    for k, g in enumerate(manifest.groups):
+        stores.append(ColumnStore(group_store_column(g, k), part, where + g.store,
+                                  g.blocks(rows)))
+    return stores
+
+
+def group_store_column(group: Group, k: int) -> Column:
+    """Group ``k``'s block store described as a column: ragged ``uint8`` records (its blocks),
+    named ``<column group k>``; its records are the group's blocks, not rows."""
+    return Column(f"<column group {k}>", group.store, "ragged", np.dtype(np.uint8), (),
+                  group.codec, {"group": k})
 
 
 def _choose(manifest: Manifest, columns: Sequence[str] | None) -> list[Column]:
@@ -1314,9 +1354,11 @@ def _store_paths(root: str) -> Iterator[str]:
         manifest = read_manifest(root)
     except (DatasetError, CorruptStoreError):
         return
-    for col in manifest.columns:
-        if not manifest.parts and _schema.is_store(os.path.join(root, col.store)):
-            yield os.path.join(root, col.store)
+    stores = [c.store for c in manifest.columns if c.group is None] + \
+        [g.store for g in manifest.groups]
+    for store in stores:
+        if not manifest.parts and _schema.is_store(os.path.join(root, store)):
+            yield os.path.join(root, store)
     for part in manifest.parts:
         yield from _store_paths(os.path.join(root, *part.path.split("/")))
 

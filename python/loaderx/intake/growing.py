@@ -118,6 +118,7 @@ from loaderx.intake.directory import (
     part_directory,
     put_in_place,
     read_manifest,
+    refuse_grouped,
     release_stores,
     store_groups,
     store_name,
@@ -170,7 +171,7 @@ def _holding(dst: str, what: str) -> Iterator[_Held]:
         raise DatasetError(f"{dst} is a single loaderx store, not a dataset directory: "
                            f"{what} is for dataset directories (from_numpy(..., append=True) "
                            "appends to a store, Zrecord.delete deletes from one)")
-    read_manifest(dst)  # not a dataset directory: DatasetError or FileNotFoundError saying so
+    refuse_grouped(dst, read_manifest(dst), what)  # not a dataset directory: says so
     stores = claim_destination(dst, overwrite=True)
     try:
         manifest = read_manifest(dst)  # again, under the locks: this is what is changed
@@ -253,6 +254,7 @@ def append_dataset(dst: str | os.PathLike[str], src: str | os.PathLike[str]) -> 
         raise DatasetError(f"{src} is appended to itself; copy it first "
                            "(loaderx.copying.copy) and append the copy")
     src_manifest = read_manifest(src)
+    refuse_grouped(src, src_manifest, "append")
     for ds in open_dataset(src).values():  # every store of src as its manifest says
         ds.close()
     with _holding(dst, "append") as held:
@@ -857,6 +859,7 @@ def repair_dataset(dst: str | os.PathLike[str]) -> dict[str, int]:
     dst = os.path.abspath(os.fspath(dst))
     staging.remove_stale(dst)
     manifest = read_manifest(dst)
+    refuse_grouped(dst, manifest, "repair")
     stores = claim_destination(dst, overwrite=True)
     try:
         by_path = {os.path.abspath(z.path): z for z in stores}

@@ -168,6 +168,7 @@ def from_arrow(
     checksums: bool = False,
     resume: bool = False,
     append: bool = False,
+    group_columns: bool = False,
 ) -> int:
     """Writes the table ``source`` as a dataset directory at ``dst`` and returns its row count.
 
@@ -186,8 +187,21 @@ def from_arrow(
     already finished (see "Resuming" in the module docstring). ``append=True`` adds the rows to the
     dataset already at ``dst`` -- the same columns, written with its codecs -- every column
     at once and all or nothing, and returns its new row count (see
-    :mod:`loaderx.intake.growing`). See the module docstring for sources and type mapping."""
+    :mod:`loaderx.intake.growing`). ``group_columns=True`` stores the fixed-width columns stored
+    raw (numbers, booleans, timestamps, fixed-size lists of them) together in one column group,
+    row-major in blocks (see :class:`~loaderx.intake.DirectoryWriter`): a table of many narrow
+    columns then takes about the bytes of its values and reads a batch of all of them in one
+    native call; such a directory cannot yet be grown or shrunk (``append``, ``resume``,
+    :func:`~loaderx.intake.append_dataset`, :func:`~loaderx.intake.delete_rows`): convert again.
+    See the module docstring for sources and type mapping."""
     pa = _pyarrow()
+    if group_columns is not False and group_columns is not True:
+        raise LoaderxTypeError(f"group_columns must be True or False, got {group_columns!r}")
+    if group_columns and (append or resume):
+        raise LoaderxValueError(
+            f"group_columns=True cannot be combined with {'append' if append else 'resume'}"
+            "=True yet: a dataset directory with a column group is written in one conversion "
+            "(convert every file in one call, or leave group_columns out)")
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
         raise DatasetError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
     if isinstance(columns, str):
@@ -202,7 +216,8 @@ def from_arrow(
     if unknown:
         raise DatasetError(f"codec names columns that are not converted: {unknown}; the "
                            f"columns are {[leaf.name for leaf in plan]}")
-    options = _Options(columns, codec, chunk_bytes, progress, checksums, src.all_null)
+    options = _Options(columns, codec, chunk_bytes, progress, checksums, src.all_null,
+                       group_columns)
     if append:
         from loaderx.intake.growing import arrow_onto
 
@@ -231,6 +246,7 @@ class _Options:
     checksums: bool
     #: The whole source's :attr:`_Source.all_null` (a part's plan decides as the whole's did).
     all_null: Callable[[list[Any]], list[bool | None]] | None = field(default=None, compare=False)
+    group_columns: bool = False
 
     def digest(self) -> str:
         """What decides the stored bytes (not chunk_bytes or progress), for a resumed run to
@@ -249,7 +265,7 @@ def _write(dst: str | os.PathLike[str], src: _Source, plan: list[_Leaf], options
     desc = os.fspath(dst)
     with DirectoryWriter(dst, overwrite=overwrite, checksums=options.checksums,
                          codec="zstd" if isinstance(codec, Mapping) else codec,
-                         extra=extra) as writer:
+                         extra=extra, group_columns=options.group_columns) as writer:
         for leaf in plan:
             writer.add_column(leaf.name, leaf.kind, leaf.dtype, leaf.item_shape,
                               extra=leaf.extra, codec=exact.get(leaf.name))
