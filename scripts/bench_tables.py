@@ -21,6 +21,12 @@ Reads: a batch is every column of ``B`` random rows, stacked as a training step 
 Conversion: ``from_arrow`` of the 8 files (grouped and default) against ``pyarrow.parquet.
 read_table`` of the same files. Disk: ``du`` of each directory against the raw bytes of the
 values (261 a row), with the apparent size.
+
+Durable appends: 100 rows (a 0.5-4 KiB text and a 384-float32 embedding each) appended to a
+two-column table of 10,000 rows and made durable, 30 times a process: ``append_rows`` on a
+directory with a commit point (``group_columns=True``), against LMDB (one write transaction
+of 100 puts, ``sync=True``) and the physical ceiling: the same bytes written to one file and
+``fsync``ed once (what any durable commit of them must wait for).
 """
 
 from __future__ import annotations
@@ -132,6 +138,8 @@ def child(kind: str, root: str, batch: int, batches: int) -> float:
             _native.copy_records(rows, width, i, dst)
         return common.seconds(lambda: [_native.copy_records(rows, width, i, dst)
                                        for i in idx]) / batches
+    if kind.startswith("append-"):
+        return _appends(kind, path, batches)
     if kind == "read_table":
         import pyarrow.parquet as pq
 
@@ -147,6 +155,68 @@ def child(kind: str, root: str, batch: int, batches: int) -> float:
         shutil.rmtree(out)
         return took
     raise ValueError(kind)
+
+
+def _chunks(lo: int, hi: int) -> tuple[list[str], np.ndarray]:
+    """Rows ``lo .. hi - 1`` of the serving table: texts of 0.5-4 KiB and 384-d embeddings."""
+    rng = np.random.default_rng(lo)
+    words = "the of and to in is was for on that with as by at from".split()
+    texts = [" ".join(rng.choice(words, int(rng.integers(100, 800)))) for _ in range(lo, hi)]
+    return texts, rng.standard_normal((hi - lo, 384)).astype(np.float32)
+
+
+def _appends(kind: str, path: pathlib.Path, times: int) -> float:
+    """Median seconds of a durable append of 100 rows, ``times`` of them after 10,000 rows."""
+    import shutil
+    import tempfile
+
+    work = pathlib.Path(tempfile.mkdtemp(dir=path))
+    try:
+        took = []
+        if kind == "append-loaderx":
+            from loaderx.intake import DirectoryWriter, append_rows
+
+            with DirectoryWriter(work / "t", group_columns=True) as w:
+                w.add_column("text", "ragged", np.uint8, extra={"string": True})
+                w.add_column("emb", "dense", np.float32, (384,))
+                texts, emb = _chunks(0, 10_000)
+                w.append({"text": texts, "emb": emb})
+            for k in range(times):
+                texts, emb = _chunks(10_000 + 100 * k, 10_100 + 100 * k)
+                took.append(common.seconds(lambda t=texts, e=emb: append_rows(
+                    work / "t", {"text": t, "emb": e})))
+        elif kind == "append-lmdb":
+            import lmdb
+
+            env = lmdb.open(str(work / "lmdb"), map_size=1 << 32, sync=True)
+
+            def put(lo: int, hi: int) -> None:
+                texts, emb = _chunks(lo, hi)
+                with env.begin(write=True) as txn:
+                    for i, (t, e) in enumerate(zip(texts, emb, strict=True)):
+                        txn.put(b"t%d" % (lo + i), t.encode())
+                        txn.put(b"e%d" % (lo + i), e.tobytes())
+
+            put(0, 10_000)
+            for k in range(times):
+                took.append(common.seconds(lambda k=k: put(10_000 + 100 * k,
+                                                           10_100 + 100 * k)))
+            env.close()
+        else:  # the ceiling: the bytes written once and fsynced
+            fd = os.open(work / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+            for k in range(times):
+                texts, emb = _chunks(10_000 + 100 * k, 10_100 + 100 * k)
+                blob = "".join(texts).encode() + emb.tobytes()
+
+                def write(b: bytes = blob) -> None:
+                    os.write(fd, b)
+                    os.fsync(fd)
+
+                took.append(common.seconds(write))
+            os.close(fd)
+        return statistics.median(took)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def fresh(kind: str, root: pathlib.Path, batch: int = 0, batches: int = 0) -> float | None:
@@ -171,7 +241,8 @@ def du(path: pathlib.Path) -> tuple[int, int]:
     return used, apparent
 
 
-def main(repeats: int = 3, rows: int = 4_000_000, batches: int = 20) -> None:
+def main(repeats: int = 3, rows: int = 4_000_000, batches: int = 20,
+         only: str | None = None) -> None:
     if common.available("pyarrow") is not None:
         print("\n## Tables: not available (pip install pyarrow)")
         return
@@ -199,9 +270,14 @@ def main(repeats: int = 3, rows: int = 4_000_000, batches: int = 20) -> None:
         print(f"\n## Tables: a click log of {rows:,} rows, 40 columns ({VALUE_BYTES} bytes of "
               f"values a row, {width} in the group's rows); data made in "
               f"{time.perf_counter() - t:.0f} s")
-        reads(root, repeats, batches)
-        conversion(root, repeats)
-        disk(root, rows)
+        if only in (None, "reads"):
+            reads(root, repeats, batches)
+        if only in (None, "conversion"):
+            conversion(root, repeats)
+        if only in (None, "disk"):
+            disk(root, rows)
+        if only in (None, "appends"):
+            appends(root, repeats)
 
 
 def reads(root: pathlib.Path, repeats: int, batches: int) -> None:
@@ -254,14 +330,34 @@ def disk(root: pathlib.Path, rows: int) -> None:
           f"{pq_used / 2**20:.0f} MiB.")
 
 
+def appends(root: pathlib.Path, repeats: int) -> None:
+    kinds = ("append-loaderx", "append-lmdb", "append-fsync")
+    if common.available("lmdb") is not None:
+        print("\n### Durable appends: LMDB not installed (pip install lmdb)")
+        kinds = ("append-loaderx", "append-fsync")
+    got = common.interleaved({k: (lambda k=k: fresh(k, root, 0, 30)) for k in kinds}, repeats)
+    print(f"\n### Durable appends of 100 rows (text + 384 float32) to a 2-column table (ms, "
+          f"median of 30 appends a process, medians of {repeats} processes)\n")
+    cols = [k[7:] for k in kinds]
+    ratios = ["loaderx / " + k for k in cols[1:]]
+    print(common.head(*cols, *ratios))
+    print(common.row(*(f"{statistics.median(got[k]) * 1e3:.2f}" for k in kinds),
+                     *(common.spread(common.paired(got["append-loaderx"], got[k]))
+                       for k in kinds[1:])))
+    print("\nA ratio here is loaderx's time over the other's: below 1 is faster. The target is "
+          "at most 3x LMDB's.")
+
+
 def cli(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rows", type=int, default=4_000_000)
     parser.add_argument("--batches", type=int, default=20, help="batches of 8192 timed")
+    parser.add_argument("--only", choices=("reads", "conversion", "disk", "appends"),
+                        help="one section (the data is made all the same)")
     args = parser.parse_args(argv)
-    main(args.repeats, args.rows, args.batches)
+    main(args.repeats, args.rows, args.batches, args.only)
 
 
 if __name__ == "__main__":

@@ -157,9 +157,10 @@ impl Zrecord {
     }
 
     /// Rows of a block store (a dataset directory's column group): row `idxs[i]` into
-    /// `dst[i * row_len..][..row_len]`, record `b` holding rows `b * block_rows ..`; every row
-    /// must be below `rows`, the count of the caller's commit point.
-    #[pyo3(signature = (idxs, dst, block_rows, row_len, rows, max_shards=None))]
+    /// `dst[i * row_len..][..row_len]`, record `b` holding rows `b * block_rows ..` and `tail`
+    /// the rows after the full blocks; every row must be below `rows`, the count of the
+    /// caller's commit point.
+    #[pyo3(signature = (idxs, dst, block_rows, row_len, rows, tail, max_shards=None))]
     #[allow(clippy::too_many_arguments, reason = "the arrays and layout of one call")]
     fn gather_block_rows(
         &self,
@@ -169,14 +170,23 @@ impl Zrecord {
         block_rows: u64,
         row_len: usize,
         rows: u64,
+        tail: PyBuffer<u8>,
         max_shards: Option<usize>,
     ) -> PyResult<()> {
         let store = self.get()?;
         let idxs = idxs.to_vec(py)?;
         let dst = slice_mut(&dst, "destination")?;
+        let tail = slice(&tail, "tail")?;
         let layout = zrecord::BlockLayout { block_rows, row_len, rows };
         let shards = max_shards.unwrap_or(usize::MAX);
-        detach(py, || store.gather_block_rows(&idxs, layout, dst, shards)).py()
+        detach(py, || store.gather_block_rows(&idxs, layout, tail, dst, shards)).py()
+    }
+
+    /// Keeps records `0..len` and drops the rest, moving nothing and disturbing no other
+    /// handle (records past a dataset directory's commit point an interrupted append left).
+    fn truncate(&self, py: Python<'_>, len: u64) -> PyResult<()> {
+        let store = self.get()?;
+        detach(py, || store.truncate(len)).py()
     }
 
     /// Windows of records: bytes `starts[i] .. starts[i] + lens[i]` of record `idxs[i]` into

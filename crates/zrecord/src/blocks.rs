@@ -6,7 +6,10 @@
 //!
 //! The caller passes the row count it was given (the dataset's commit point), never the one
 //! the store has now: rows appended past it by a writer that has not committed are refused
-//! like any other row out of range, so every reader of a generation reads the same rows.
+//! like any other row out of range, so every reader of a generation reads the same rows. The
+//! store holds full blocks only; the rows after the last full one (fewer than a block) are the
+//! commit point's *tail*, kept with it (in the manifest) and passed in by the caller, so that an
+//! append never rewrites a block: it fills the tail into full blocks and leaves a new tail.
 
 use crate::chunks::Chunk;
 use crate::codec::{copy_bytes, Decoder};
@@ -33,16 +36,19 @@ struct RowSlot<'d> {
 }
 
 impl Store {
-    /// Copies row `rows[i]` of the block store into `dst[i * row_len..][..row_len]` for every
-    /// `i`, in at most `max_shards` parallel blocks. Every row must be below `layout.rows`, and
-    /// its block must hold it (a block shorter than its rows is a corrupt store); a refused call
-    /// writes nothing. Compressed blocks are decoded once per shard and run of rows in the same
-    /// block, so random rows of a compressed group cost a block decode each: groups meant for
-    /// random access are raw.
+    /// Copies row `rows[i]` into `dst[i * row_len..][..row_len]` for every `i`, in at most
+    /// `max_shards` parallel blocks: the last `tail.len() / row_len` rows below `layout.rows`
+    /// from `tail`, the others from the store's blocks. Every row must be below `layout.rows`,
+    /// the rows before the tail must fill whole blocks, and each block must hold its rows (a
+    /// block shorter than its rows is a corrupt store); a refused call writes nothing.
+    /// Compressed blocks are decoded once per shard and run of rows in the same block, so
+    /// random rows of a compressed group cost a block decode each: groups meant for random
+    /// access are raw.
     pub fn gather_block_rows(
         &self,
         rows: &[u64],
         layout: BlockLayout,
+        tail: &[u8],
         dst: &mut [u8],
         max_shards: usize,
     ) -> Result<()> {
@@ -63,15 +69,27 @@ impl Store {
         if let Some(&row) = rows.iter().find(|&&r| r >= count) {
             return Err(Error::IndexOutOfRange { index: row, len: count });
         }
+        let tail_rows = (tail.len() / row_len) as u64;
+        if !tail.len().is_multiple_of(row_len)
+            || tail_rows > count
+            || !(count - tail_rows).is_multiple_of(block_rows)
+        {
+            return Err(Error::invalid(format!(
+                "a tail of {} bytes is not the rows after the full blocks of {count} rows \
+                 ({block_rows} rows of {row_len} bytes a block)",
+                tail.len()
+            )));
+        }
+        let in_blocks = count - tail_rows;
         self.consistent_read(|| {
             let blocks = self.len();
-            let last_needed = count.div_ceil(block_rows);
-            if last_needed > blocks {
+            let needed = in_blocks / block_rows;
+            if needed > blocks {
                 return Err(Error::corrupt(
                     &self.meta_path,
                     format!(
-                        "the group holds {count} rows, {last_needed} blocks of {block_rows}, \
-                         but its store has {blocks} records"
+                        "the group holds {in_blocks} rows in blocks, {needed} blocks of \
+                         {block_rows}, but its store has {blocks} records"
                     ),
                 ));
             }
@@ -87,6 +105,11 @@ impl Store {
                 let mut decoded = DecodedBlock::default();
                 let mut decoder = Decoder::new(dict);
                 for s in part.iter_mut() {
+                    if s.row >= in_blocks {
+                        let at = (s.row - in_blocks) as usize * row_len;
+                        s.dst.copy_from_slice(&tail[at..at + row_len]);
+                        continue;
+                    }
                     let block = s.row / block_rows;
                     let start = (s.row % block_rows) as usize * row_len;
                     let loc = self.meta.entry(block);

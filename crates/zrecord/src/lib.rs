@@ -53,6 +53,7 @@ mod segments;
 mod slots;
 mod store;
 pub mod sums;
+mod truncate;
 mod writeback;
 
 pub use blocks::BlockLayout;

@@ -26,6 +26,7 @@ from loaderx.errors import (
     DatasetError,
     LoaderxIndexError,
     LoaderxValueError,
+    StoreChangedError,
 )
 from loaderx.zrecord import Zrecord
 
@@ -36,8 +37,14 @@ class _StoreView:
     """What both dataset kinds share: the schema, the store handle, lifecycle and pickling."""
 
     _kind = ""
+    #: A column of a dataset directory with a commit point (manifest version 2): ``(rows,
+    #: directory, generation)``. The dataset then has ``rows`` records whatever its store holds
+    #: (records past them are an append not yet committed), and a copy unpickled in a worker
+    #: process refuses a directory written again since. None: the store's own length.
+    _pin: tuple[int, str, str] | None = None
 
-    def __init__(self, path: str | os.PathLike[str], *, verify_reads: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, verify_reads: bool = False,
+                 _pin: tuple[int, str, str] | None = None) -> None:
         # Absolute from the start: a pickled dataset reopened in a worker whose working
         # directory differs (spawn after os.chdir) must read this dataset, not a namesake.
         self._path = os.path.abspath(os.fspath(path))
@@ -49,6 +56,13 @@ class _StoreView:
                                f"{other}")
         self._schema = schema
         self._store = Zrecord(self._path, verify_reads=self._verify_reads)
+        if _pin is not None:
+            self._pin = _pin
+            if len(self._store) < _pin[0]:
+                held = len(self._store)
+                self._store.close()
+                raise CorruptStoreError(f"{self._path}: holds {held} records; its dataset "
+                                        f"directory's manifest says {_pin[0]}")
 
     @property
     def path(self) -> str:
@@ -85,7 +99,7 @@ class _StoreView:
         return self._store.closed
 
     def __len__(self) -> int:
-        return len(self._store)
+        return len(self._store) if self._pin is None else self._pin[0]
 
     def subset(self, indices: Any) -> Any:
         """The records ``indices`` as a :class:`~loaderx.subset.Subset` view (nothing is
@@ -113,7 +127,7 @@ class _StoreView:
         self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_reopen, (type(self), self._path, self._verify_reads))
+        return (_reopen, (type(self), self._path, self._verify_reads, self._pin))
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"records={len(self)}"
@@ -121,8 +135,20 @@ class _StoreView:
                 f"item_shape={self.item_shape})")
 
 
-def _reopen(cls: type, path: str, verify_reads: bool) -> Any:
-    return cls(path, verify_reads=verify_reads)
+def _reopen(cls: type, path: str, verify_reads: bool,
+            pin: tuple[int, str, str] | None = None) -> Any:
+    if pin is not None:
+        rows, root, generation = pin
+        # Read here, not imported at the top: the directory layer imports this module.
+        from loaderx.intake.directory import read_manifest
+        manifest = read_manifest(root)
+        if manifest.generation != generation or manifest.rows < rows:
+            raise StoreChangedError(
+                f"{root} was written again or shrunk (generation {manifest.generation!r}, "
+                f"{manifest.rows} rows; this dataset was opened at {generation!r}, {rows} "
+                "rows): its records may no longer be the ones this dataset was given. Open it "
+                "again (open_dataset)")
+    return cls(path, verify_reads=verify_reads, _pin=pin)
 
 
 class DenseDataset(_StoreView):
@@ -139,8 +165,9 @@ class DenseDataset(_StoreView):
 
     _kind = "dense"
 
-    def __init__(self, path: str | os.PathLike[str], *, verify_reads: bool = False) -> None:
-        super().__init__(path, verify_reads=verify_reads)
+    def __init__(self, path: str | os.PathLike[str], *, verify_reads: bool = False,
+                 _pin: tuple[int, str, str] | None = None) -> None:
+        super().__init__(path, verify_reads=verify_reads, _pin=_pin)
         self._row_bytes = self._schema.item_bytes
         self._native_gather_fixed = self._store._native.gather_fixed
 
@@ -199,6 +226,8 @@ class DenseDataset(_StoreView):
         the engine checks the indices itself, before it writes anything. None when it refuses
         them (a negative index, which counts from the end, or one out of range): the general
         path then handles or reports them."""
+        if self._pin is not None and len(idx) and int(idx.max()) >= self._pin[0]:
+            return None  # past the commit point: the general path reports it
         return _shortest_batch(self, self._native_gather_fixed, idx, self._row_bytes)
 
     def __getitems__(self, idxs: Sequence[int]) -> np.ndarray:

@@ -122,26 +122,34 @@ def _field_view(rows: np.ndarray, row_bytes: int, f: GroupField) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Segment:
-    """One block store of a group (a directory of parts has one per part): its path and the
-    rows of the commit point that lie in it."""
+    """One block store of a group (a directory of parts has one per part): its path, the rows
+    of the commit point that lie in it, and their tail (the rows after its last full block)."""
 
     path: str
     rows: int
+    tail: bytes
 
 
 class ColumnGroup:
     """An open column group: ``segments`` (block stores in row order, each with the rows it
-    holds at the commit point), its ``layout``, and the directory ``root`` and ``generation``
-    it was opened at (checked when a worker process opens it again)."""
+    holds at the commit point and their tail), its ``layout``, and the directory ``root``,
+    ``generation`` and group index ``index`` it was opened at (a worker process opens it again
+    from them). ``pinned``: the rows this group shows, when fewer than the segments hold (a
+    worker's group reopened after rows were appended to the directory)."""
 
-    def __init__(self, segments: Sequence[tuple[str, int]], layout: GroupLayout,
-                 root: str, generation: str, *, verify_reads: bool = False) -> None:
+    def __init__(self, segments: Sequence[tuple[str, int, bytes]], layout: GroupLayout,
+                 root: str, generation: str, index: int = 0, *, verify_reads: bool = False,
+                 pinned: int | None = None) -> None:
         self.layout = layout
-        self.root, self.generation = root, generation
+        self.root, self.generation, self.index = root, generation, index
         self.verify_reads = bool(verify_reads)
-        self._segments = tuple(_Segment(os.path.abspath(p), int(r)) for p, r in segments)
+        self._segments = tuple(_Segment(os.path.abspath(p), int(r), bytes(t))
+                               for p, r, t in segments)
+        self._tails = [np.frombuffer(s.tail, np.uint8) for s in self._segments]
         self._starts = np.cumsum([0] + [s.rows for s in self._segments], dtype=np.int64)
-        self.rows = int(self._starts[-1])
+        held = int(self._starts[-1])
+        self.rows = held if pinned is None else min(int(pinned), held)
+        self._check_pin = self.rows < held
         self._stores: list[Zrecord] = []
         self._scratch = threading.local()
         try:
@@ -186,8 +194,9 @@ class ColumnGroup:
     def _read_into(self, idxs: npt.NDArray[np.uint64], out: np.ndarray,
                    shards: int | None) -> None:
         block, row = self.layout.block_rows, self.layout.row_bytes
-        if len(self._natives) == 1:
-            self._natives[0].gather_block_rows(idxs, out, block, row, self.rows, shards)
+        if len(self._natives) == 1 and not self._check_pin:
+            self._natives[0].gather_block_rows(idxs, out, block, row, self.rows,
+                                               self._tails[0], shards)
             return
         if int(idxs.max()) >= self.rows:
             raise LoaderxIndexError(f"index {int(idxs.max())} is out of range for a dataset "
@@ -199,7 +208,7 @@ class ColumnGroup:
             local = (idxs[at] - np.uint64(self._starts[k])).astype(np.uint64)
             part = np.empty(len(at) * row, np.uint8)
             self._natives[k].gather_block_rows(local, part, block, row,
-                                               self._segments[k].rows, shards)
+                                               self._segments[k].rows, self._tails[k], shards)
             rows2d[at] = part.reshape(-1, row)
 
     def prefetch(self, idxs: Any) -> bool:
@@ -214,20 +223,20 @@ class ColumnGroup:
             z.close()
 
     def key(self) -> tuple[Any, ...]:
-        """What identifies this open group for a worker process (see :func:`_reopen_group`)."""
-        return (tuple((s.path, s.rows) for s in self._segments), self.layout, self.root,
-                self.generation, self.verify_reads)
+        """What identifies this open group for a worker process (see :func:`_reopen_group`):
+        the directory, its generation, the group, the rows shown and the read checks."""
+        return (self.root, self.generation, self.index, self.rows, self.verify_reads)
 
 
 def _open_block_store(path: str, rows: int, layout: GroupLayout,
                       verify_reads: bool) -> Zrecord:
-    """The block store at ``path``, checked to hold ``rows`` rows in ``layout``'s blocks (more
-    records than that is a tail an interrupted writer left: never read)."""
+    """The block store at ``path``, checked to hold the full blocks of ``rows`` rows (more
+    records than that is what an interrupted append left: never read)."""
     if os.path.islink(path) or not os.path.isdir(path) or not _schema.is_store(path):
         raise CorruptStoreError(f"{path}: the store of a column group is missing (or is a "
                                 "link); the dataset directory is incomplete")
     z = Zrecord(path, verify_reads=verify_reads)
-    need = -(-rows // layout.block_rows)
+    need = rows // layout.block_rows
     have = len(z)
     if have < need:
         z.close()
@@ -245,20 +254,23 @@ _REOPEN_LOCK = threading.Lock()
 
 
 def _reopen_group(key: tuple[Any, ...]) -> ColumnGroup:
-    segments, layout, root, generation, verify = key
+    root, generation, index, rows, verify = key
     with _REOPEN_LOCK:
         group = _REOPENED.get(key)
         if group is not None and not group.closed:
             return group
         # Read here, not imported at the top: the directory layer imports this module.
-        from loaderx.intake.directory import read_manifest
-        now = read_manifest(root).generation
-        if now != generation:
+        from loaderx.intake.directory import group_segments, read_manifest
+        manifest = read_manifest(root)
+        if manifest.generation != generation or manifest.rows < rows:
             raise StoreChangedError(
-                f"{root} was changed (generation {now!r}, the loader was built on "
-                f"{generation!r}): its rows may no longer be the rows this loader was given. "
-                "Build the loader again on the dataset as it is now (open_dataset)")
-        group = ColumnGroup(segments, layout, root, generation, verify_reads=verify)
+                f"{root} was written again or shrunk (generation {manifest.generation!r}, "
+                f"{manifest.rows} rows; the loader was built on {generation!r}, {rows} rows): "
+                "its rows may no longer be the rows this loader was given. Build the loader "
+                "again on the dataset as it is now (open_dataset)")
+        segments, layout = group_segments(root, manifest, index)
+        group = ColumnGroup(segments, layout, root, generation, index, verify_reads=verify,
+                            pinned=rows)
         _REOPENED[key] = group
         return group
 

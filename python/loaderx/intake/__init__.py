@@ -15,6 +15,8 @@ they write (one loaderx store per column plus a manifest; see :mod:`loaderx.inta
 * :func:`append_dataset`, :func:`delete_rows` (:mod:`loaderx.intake.growing`) -- a dataset
   directory grown by another's rows or shrunk by rows, every column at once, in one
   transaction (class names matched by name); converters take ``append=True`` too.
+* :func:`append_rows` (:mod:`loaderx.intake.appending`) -- rows appended in place to a
+  directory with a commit point (``group_columns=True``), durably, readers undisturbed.
 * :class:`DirectoryWriter` -- the transaction every converter writes through.
 
 pyarrow is imported only when a table is converted.
@@ -22,6 +24,7 @@ pyarrow is imported only when a table is converted.
 
 from __future__ import annotations
 
+from loaderx.intake.appending import append_rows
 from loaderx.intake.directory import (
     Column,
     DirectoryWriter,
@@ -47,4 +50,5 @@ __all__ = [
     "from_arrow", "is_dataset_directory", "open_dataset", "read_manifest",
     "export_image_folder", "export_webdataset", "from_image_folder", "from_webdataset",
     "from_token_stream", "split_documents", "append_dataset", "delete_rows", "repair_dataset",
+    "append_rows",
 ]

@@ -84,7 +84,10 @@ each column's codec.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
+import dataclasses
 import errno
 import json
 import math
@@ -206,24 +209,30 @@ class Column:
 @dataclass(frozen=True)
 class Group:
     """One column group of a dataset directory (see :mod:`loaderx._views.group`): its block
-    store's directory, the bytes of a row, rows per block and the store's codec."""
+    store's directory, the bytes of a row, rows per block, the store's codec, and the *tail*:
+    the rows after the last full block (fewer than a block), which the manifest holds, so that
+    an append fills them into full blocks instead of rewriting one."""
 
     store: str
     row_bytes: int
     block_rows: int
     codec: str
+    tail: bytes = b""
 
     @property
     def layout(self) -> GroupLayout:
         return GroupLayout(self.row_bytes, self.block_rows)
 
     def blocks(self, rows: int) -> int:
-        """Records of the block store for ``rows`` rows."""
-        return -(-rows // self.block_rows)
+        """Records of the block store for ``rows`` rows: its full blocks."""
+        return rows // self.block_rows
 
     def to_json(self) -> dict[str, Any]:
-        return {"store": self.store, "row_bytes": self.row_bytes,
-                "block_rows": self.block_rows, "codec": self.codec}
+        body: dict[str, Any] = {"store": self.store, "row_bytes": self.row_bytes,
+                                "block_rows": self.block_rows, "codec": self.codec}
+        if self.tail:
+            body["tail"] = base64.b64encode(self.tail).decode("ascii")
+        return body
 
 
 @dataclass(frozen=True)
@@ -420,6 +429,11 @@ def _parse_manifest(body: Any, file: str) -> Manifest:
     _check_fields(columns, groups, bad)
     if not isinstance(rows, int) or not _is_count(rows, _most_rows(columns, groups, raw_parts)):
         raise bad(f"rows {rows!r} is not a row count")
+    for g in groups:
+        if len(g.tail) != rows % g.block_rows * g.row_bytes:
+            raise bad(f"group {g.store!r}: its tail holds {len(g.tail)} bytes; {rows} rows in "
+                      f"blocks of {g.block_rows} leave {rows % g.block_rows} rows of "
+                      f"{g.row_bytes} bytes after the last full block")
     parts: list[Part] = []
     if raw_parts is not None:
         if not isinstance(raw_parts, list) or not raw_parts or len(raw_parts) > MAX_PARTS:
@@ -457,7 +471,14 @@ def _parse_groups(raw: Any, bad: Callable[[str], CorruptStoreError]) -> tuple[Gr
             raise bad(f"group {g!r} is not {{'store': '_group_N', 'row_bytes': n, "
                       "'block_rows': n, 'codec': ...}} with a block of at most "
                       f"{MAX_RECORD_BYTES} bytes (or is named twice)")
-        groups.append(Group(g["store"], g["row_bytes"], g["block_rows"], g["codec"]))
+        raw_tail = g.get("tail", "")
+        try:
+            if not isinstance(raw_tail, str) or len(raw_tail) > 2 * MAX_RECORD_BYTES:
+                raise ValueError("not a string of base64")
+            tail = base64.b64decode(raw_tail, validate=True)
+        except (ValueError, binascii.Error) as e:
+            raise bad(f"group {g['store']!r}: its tail is not base64 ({e})") from None
+        groups.append(Group(g["store"], g["row_bytes"], g["block_rows"], g["codec"], tail))
     return tuple(groups)
 
 
@@ -515,7 +536,8 @@ def open_dataset(path: str | os.PathLike[str], *, columns: Sequence[str] | None 
         if not manifest.parts:
             groups = _open_groups(path, manifest, [(path, manifest, manifest.rows)], chosen,
                                   verify_reads, opened)
-            return {c.name: (_open_store(path, c, manifest.rows, verify_reads, opened)
+            pin = (path, manifest.generation) if manifest.generation else None
+            return {c.name: (_open_store(path, c, manifest.rows, verify_reads, opened, pin)
                              if c.group is None else groups[c.name]) for c in chosen}
         subs = [(part_directory(path, part), part) for part in manifest.parts]
         owned = [(sub, part, read_manifest(sub), part_columns(path, part, chosen))
@@ -559,21 +581,45 @@ def _open_groups(root: str, top: Manifest, units: Sequence[tuple[str, Manifest, 
         if own.group is not None:
             by_group.setdefault(own.group, []).append(c.name)
     for k, names in by_group.items():
-        g = first.groups[k]
-        segments = []
-        for sub, m, rows in units:
-            if len(m.groups) <= k or m.groups[k] != g or any(
-                    (m.column(n).group, m.column(n).offset) != (k, first.column(n).offset)
-                    for n in names):
-                raise CorruptStoreError(f"{sub}: its column group {k} is not laid out as the "
-                                        "first part's; the parts are not one dataset")
-            segments.append((os.path.join(sub, g.store), rows))
-        group = ColumnGroup(segments, g.layout, root, top.generation, verify_reads=verify_reads)
+        segments, layout = _segments(units, k, names)
+        group = ColumnGroup(segments, layout, root, top.generation, k,
+                            verify_reads=verify_reads)
         opened.append(group)
         for n in names:
             c = first.column(n)
             out[n] = GroupColumn(group, GroupField(n, c.dtype, c.item_shape, c.offset))
     return out
+
+
+def _segments(units: Sequence[tuple[str, Manifest, int]], k: int,
+              names: Sequence[str] | None = None) -> tuple[
+                  list[tuple[str, int, bytes]], GroupLayout]:
+    """Group ``k``'s block store in every unit (the directory, or each part), with its rows and
+    tail; every unit must lay the group (and its columns ``names``, default all) out alike."""
+    first = units[0][1]
+    g = first.groups[k]
+    if names is None:
+        names = [c.name for c in first.columns if c.group == k]
+    segments = []
+    for sub, m, rows in units:
+        if len(m.groups) <= k or m.groups[k].layout != g.layout or any(
+                (m.column(n).group, m.column(n).offset) != (k, first.column(n).offset)
+                for n in names):
+            raise CorruptStoreError(f"{sub}: its column group {k} is not laid out as the "
+                                    "first part's; the parts are not one dataset")
+        segments.append((os.path.join(sub, g.store), rows, m.groups[k].tail))
+    return segments, g.layout
+
+
+def group_segments(root: str, manifest: Manifest, k: int) -> tuple[
+        list[tuple[str, int, bytes]], GroupLayout]:
+    """The block stores of group ``k`` of the dataset directory ``root`` (whose manifest is
+    ``manifest``), with their rows and tails, and the group's layout."""
+    if not manifest.parts:
+        return _segments([(root, manifest, manifest.rows)], k)
+    units = [(part_directory(root, p), read_manifest(part_directory(root, p)), p.rows)
+             for p in manifest.parts]
+    return _segments(units, k)
 
 
 def refuse_grouped(path: str, manifest: Manifest, what: str) -> None:
@@ -685,14 +731,19 @@ def _choose(manifest: Manifest, columns: Sequence[str] | None) -> list[Column]:
 
 
 def _open_store(root: str, col: Column, rows: int, verify_reads: bool,
-                opened: list[Any] | None = None) -> Dataset:
+                opened: list[Any] | None = None,
+                pin: tuple[str, str] | None = None) -> Dataset:
+    """Column ``col``'s store in ``root``, of ``rows`` records; with ``pin`` (the dataset
+    directory and generation of a version-2 manifest), pinned to them (records past ``rows``
+    are an append not committed)."""
     store = os.path.join(root, col.store)
     if os.path.islink(store) or not os.path.isdir(store):
         raise CorruptStoreError(f"{store}: the store of column {col.name!r} is missing (or is "
                                 "a link); the dataset directory is incomplete")
     cls = DenseDataset if col.kind == "dense" else RaggedDataset
     try:
-        ds = cls(store, verify_reads=verify_reads)
+        ds = cls(store, verify_reads=verify_reads,
+                 _pin=None if pin is None else (rows, *pin))
     except DatasetError as e:
         raise CorruptStoreError(f"column {col.name!r}: {e}") from None
     if (ds.dtype, ds.item_shape) != (col.dtype, col.item_shape) or len(ds) != rows:
@@ -813,18 +864,25 @@ class _GroupWriter:
             arrays.append(blob.view(f.dtype).reshape(count, *f.item_shape))
         return pack_rows(self.group.layout, self.fields, arrays)
 
-    def add(self, rows: np.ndarray, flush: bool = False) -> None:
-        """Appends the full blocks of the pending rows and ``rows``; with ``flush``, the short
-        last block too (the part is closing)."""
+    def add(self, rows: np.ndarray) -> None:
+        """Appends the full blocks of the pending rows and ``rows``; the rows left over (fewer
+        than a block) stay pending: they become the manifest's tail of the group."""
         assert self.writer.store is not None
         rows = np.concatenate([self.pending, rows]) if len(self.pending) else rows
         per = self.group.block_rows
-        full = len(rows) if flush else len(rows) // per * per
+        full = len(rows) // per * per
         if full:
-            blocks = -(-full // per)
-            offsets = np.arange(blocks, dtype=np.uint64) * np.uint64(per * self.group.row_bytes)
-            self.writer.store.append(np.ascontiguousarray(rows[:full]).reshape(-1), offsets)
+            offsets = np.arange(full // per, dtype=np.uint64) * np.uint64(
+                per * self.group.row_bytes)
+            # The engine's call: the Python one refuses a dataset column's store (an append to
+            # one column alone), and this is an append to every column at once.
+            self.writer.store._native.append(np.ascontiguousarray(rows[:full]).reshape(-1),
+                                             offsets, self.group.codec)
         self.pending = rows[full:].copy()
+
+    def closed(self) -> Group:
+        """The group's manifest entry for the rows appended so far (the pending ones its tail)."""
+        return dataclasses.replace(self.group, tail=self.pending.tobytes())
 
 
 class DirectoryWriter:
@@ -858,6 +916,7 @@ class DirectoryWriter:
                  rows_per_part: int | None = None, group_columns: bool = False) -> None:
         self.dst = os.path.abspath(os.fspath(dst))
         self.group_columns = bool(group_columns)
+        self._part_groups: tuple[Group, ...] = ()  # the last closed part's groups
         self._rows_per_part_given = rows_per_part is not None
         self._group: _GroupWriter | None = None
         self.codec: Codec = _store_codec(codec)
@@ -1120,8 +1179,7 @@ class DirectoryWriter:
     def _close_part(self) -> None:
         """Syncs and closes the stores of the part being written and writes its manifest."""
         part = self._part_dir(len(self._part_rows) - 1)
-        if self._group is not None:
-            self._group.add(self._group.pending[:0], flush=True)
+        self._part_groups = (self._group.closed(),) if self._group is not None else ()
         self._each(lambda w, _: w.store.sync())  # type: ignore[union-attr]
         rows = self._part_rows[-1]
         for w in self._owners():
@@ -1134,7 +1192,7 @@ class DirectoryWriter:
             w.store.close()
             w.store = None
         _native.replace_file(part, MANIFEST_FILE, Manifest(
-            rows, tuple(self.columns), (), self.extra, self._groups(),
+            rows, tuple(self.columns), (), self.extra, self._part_groups,
             self._generation).to_bytes())
         staging.fsync_dir(part)
 
@@ -1163,7 +1221,7 @@ class DirectoryWriter:
                 os.rmdir(only)
                 os.rmdir(parts_root)
                 manifest = Manifest(self._part_rows[0], tuple(self.columns), (), self.extra,
-                                    self._groups(), self._generation)
+                                    self._part_groups, self._generation)
             else:
                 staging.fsync_dir(parts_root)
                 manifest = Manifest(self.rows, tuple(self.columns), tuple(
@@ -1181,9 +1239,6 @@ class DirectoryWriter:
 
     def _publish(self) -> None:
         put_in_place(self._staging, self.dst, self._old)
-
-    def _groups(self) -> tuple[Group, ...]:
-        return (self._group.group,) if self._group is not None else ()
 
     def _group_blocks(self, rows: int) -> int:
         assert self._group is not None
@@ -1448,11 +1503,14 @@ def _prepare(w: _ColumnWriter, data: Any) -> tuple[np.ndarray, np.ndarray]:
 def _ragged_record(col: Column, item: Any) -> np.ndarray:
     if isinstance(item, (bytes, bytearray, memoryview)):
         rec = np.frombuffer(item, dtype=np.uint8)
+    elif isinstance(item, str) and col.is_string:
+        rec = np.frombuffer(item.encode("utf-8"), dtype=np.uint8)
     elif isinstance(item, np.ndarray):
         rec = np.ascontiguousarray(item)
     else:
         raise DatasetError(f"column {col.name!r}: a ragged record must be an array or "
-                           f"bytes-like, got {type(item).__name__}")
+                           f"bytes-like (or str, for a string column), got "
+                           f"{type(item).__name__}")
     if rec.dtype != col.dtype or rec.ndim == 0 or tuple(rec.shape[1:]) != col.item_shape:
         raise DatasetError(f"column {col.name!r} takes {col.dtype.str} records of shape "
                            f"(n, {', '.join(map(str, col.item_shape))}), got "

@@ -103,6 +103,7 @@ from loaderx.errors import (
     LoaderxValueError,
     StoreChangedError,
 )
+from loaderx.intake.appending import has_commit_point
 from loaderx.intake.directory import (
     MANIFEST_FILE,
     MAX_PARTS,
@@ -114,6 +115,7 @@ from loaderx.intake.directory import (
     chunks_of,
     claim_destination,
     column_stores,
+    is_dataset_directory,
     open_dataset,
     part_directory,
     put_in_place,
@@ -254,6 +256,8 @@ def append_dataset(dst: str | os.PathLike[str], src: str | os.PathLike[str]) -> 
         raise DatasetError(f"{src} is appended to itself; copy it first "
                            "(loaderx.copying.copy) and append the copy")
     src_manifest = read_manifest(src)
+    if is_dataset_directory(dst) and has_commit_point(read_manifest(dst)):
+        return _append_in_place(dst, src, src_manifest)
     refuse_grouped(src, src_manifest, "append")
     for ds in open_dataset(src).values():  # every store of src as its manifest says
         ds.close()
@@ -278,6 +282,14 @@ def append_converted(dst: str | os.PathLike[str], convert: Callable[[str, Existi
                                     and not os.listdir(dst)):
         result = convert(dst, None)
         return result, read_manifest(dst)
+    if is_dataset_directory(dst) and has_commit_point(manifest := read_manifest(dst)):
+        # In place: the rows converted aside, then appended to every store of dst.
+        with staging.private_dir(dst, "incoming") as incoming:
+            new = os.path.join(incoming, "new")
+            result = convert(new, Existing(dst, manifest, False))
+            _step("grow:converted")
+            _append_in_place(dst, new, read_manifest(new), what)
+            return result, read_manifest(dst)
     with _holding(dst, "append") as held:
         _step("grow:held")
         existing = Existing(dst, held.manifest, any(z.has_checksums() for z in held.stores))
@@ -288,6 +300,48 @@ def append_converted(dst: str | os.PathLike[str], convert: Callable[[str, Existi
             new_manifest = read_manifest(new)
             _check_append(held, new, new_manifest, what)
             return result, _grow(held, new, new_manifest, incoming, link=True, name=what)
+
+
+def _append_in_place(dst: str, src: str, s: Manifest, name: str | None = None) -> int:
+    """The rows of the dataset directory ``src`` appended in place to ``dst``, a directory with
+    a commit point (:mod:`loaderx.intake.appending`), in blocks of rows, one commit; returns
+    ``dst``'s new row count. Class names must be the dataset's own (matching them by name, as
+    the rebuilding path does, is not done in place yet)."""
+    from loaderx.intake.appending import Appender
+
+    name = src if name is None else name
+    with Appender(dst) as appender:
+        have = appender.manifest
+        if have.extra.get("source") in _OWN_SOURCES and \
+                s.extra.get("source") != have.extra.get("source"):
+            raise DatasetError(f"{dst} was made by {_made_by(have.extra.get('source'))}; rows "
+                               f"of another source cannot be appended to it")
+        _check_columns(dst, have.columns, name, s.columns)
+        theirs = {c.name: c for c in s.columns}
+        for col in have.columns:
+            if col.extra.get("classes") != theirs[col.name].extra.get("classes"):
+                raise DatasetError(
+                    f"column {col.name!r}: {name} numbers its classes otherwise than {dst} "
+                    f"({theirs[col.name].extra.get('classes')!r} against "
+                    f"{col.extra.get('classes')!r}); an append in place takes the dataset's "
+                    "own class list: convert the rows with it")
+        columns = open_dataset(src)
+        try:
+            step = max(1, min(_BLOCK_ROWS, s.rows))
+            for lo in range(0, s.rows, step):
+                idx = np.arange(lo, min(s.rows, lo + step), dtype=np.uint64)
+                appender.append({c.name: _records(columns[c.name], idx) for c in have.columns})
+        finally:
+            for ds in columns.values():
+                ds.close()
+    return appender.rows
+
+
+def _records(ds: Any, idx: np.ndarray) -> Any:
+    """Records ``idx`` of a column as :meth:`~loaderx.intake.DirectoryWriter.append` takes them."""
+    if ds.kind == "dense":
+        return ds.gather(idx)
+    return list(ds[idx])
 
 
 def refuse_overwrite_and_codec(overwrite: bool, codec: Any, default: Any) -> None:

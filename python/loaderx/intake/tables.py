@@ -197,11 +197,11 @@ def from_arrow(
     pa = _pyarrow()
     if group_columns is not False and group_columns is not True:
         raise LoaderxTypeError(f"group_columns must be True or False, got {group_columns!r}")
-    if group_columns and (append or resume):
+    if group_columns and resume:
         raise LoaderxValueError(
-            f"group_columns=True cannot be combined with {'append' if append else 'resume'}"
-            "=True yet: a dataset directory with a column group is written in one conversion "
-            "(convert every file in one call, or leave group_columns out)")
+            "group_columns=True cannot be combined with resume=True yet: a resumable "
+            "conversion joins parts a store per column. Convert every file in one call (rows "
+            "then go in place with append=True), or leave group_columns out")
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
         raise DatasetError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
     if isinstance(columns, str):
