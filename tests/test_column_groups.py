@@ -280,3 +280,32 @@ def test_the_layout_aligns_every_field() -> None:
                                   ("c", np.dtype(np.float32), (3,))])
     assert [f.offset for f in fields] == [20, 0, 8]
     assert layout.row_bytes == 24 and layout.block_rows == (64 << 10) // 24
+
+
+def test_upgrade_rewrites_an_old_directory_in_the_current_layout(
+        click: tuple, tmp_path: pathlib.Path) -> None:
+    from loaderx.intake.upgrading import upgrade
+
+    table, _, plain = click
+    assert read_manifest(plain).version == 1
+    r = upgrade(plain)
+    assert r["upgraded"] and r["rows"] == table.num_rows and "emb" in r["grouped"]
+    m = read_manifest(plain)
+    assert m.version == 2 and len(m.groups) == 1 and m.extra.get("source") == "parquet"
+    ds = open_dataset(plain)
+    for name in ("label", "c2", "emb", "flag"):
+        np.testing.assert_array_equal(ds[name][:], _expected(table, name))
+    assert [bytes(t).decode() for t in ds["text"][:50]] == table.column("text")[:50].to_pylist()
+    assert upgrade(plain)["upgraded"] is False
+    assert append_dataset(plain, plain.parent / "grouped") == 2 * table.num_rows  # in place now
+    # Parts become one directory, and the command line says what it did.
+    parts = tmp_path / "parts"
+    with DirectoryWriter(parts, rows_per_part=300) as w:
+        w.add_column("x", "dense", np.int32)
+        w.append({"x": np.arange(1000, dtype=np.int32)})
+    assert len(read_manifest(parts).parts) == 4
+    out = subprocess.run([sys.executable, "-m", "loaderx", "upgrade", str(parts)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "1000 rows rewritten" in out and "x" in out
+    assert not read_manifest(parts).parts
+    np.testing.assert_array_equal(open_dataset(parts)["x"][:], np.arange(1000))

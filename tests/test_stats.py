@@ -602,3 +602,26 @@ def test_cli_profile_plot(dataset):
     assert p.returncode == 0, p.stderr
     assert (work / "out.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [f for f in os.listdir(work) if f.startswith(".loaderx-plot-")]
+
+
+def test_the_read_advice_follows_the_streams(streams, tmp_path):
+    """Narrow columns each in a store of its own: the per-record cost, and column groups; raw
+    data is never told to be stored raw; compressed data is."""
+    from loaderx.intake import DirectoryWriter, open_dataset
+
+    advice = stats.read_advice(streams)
+    assert "per-record cost" in advice and "group_columns=True" in advice
+    with DirectoryWriter(tmp_path / "g", group_columns=True) as w:
+        w.add_column("a", "dense", np.int64)
+        w.add_column("b", "dense", np.float32, (3,))
+        w.append({"a": np.arange(10), "b": np.zeros((10, 3), np.float32)})
+    grouped = open_dataset(tmp_path / "g")
+    advice = stats.read_advice(grouped)
+    assert "per-record" not in advice and "store the data raw" not in advice
+    assert "raw already" in advice
+    from_numpy(tmp_path / "big", np.zeros((4, 8192), np.uint8), codec="zstd")
+    with DenseDataset(tmp_path / "big") as big:
+        assert "store the data raw" in stats.read_advice({"big": big})
+    with DataLoader(streams, batch_size=32, num_workers=1) as loader:
+        take(loader, 3)
+        assert "per-record cost" in (loader.stats().read_advice or "")

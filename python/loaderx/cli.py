@@ -595,6 +595,22 @@ def cmd_unpack(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from loaderx.intake.directory import is_dataset_directory
+    from loaderx.intake.upgrading import upgrade
+
+    if not is_dataset_directory(args.dataset):
+        raise _UsageError(f"{args.dataset}: not a dataset directory (no manifest.json); "
+                          "upgrade rewrites dataset directories")
+    r = upgrade(args.dataset)
+    if not r["upgraded"]:
+        print(f"{args.dataset}: already in the current layout ({r['rows']} rows)")
+    else:
+        print(f"{args.dataset}: {r['rows']} rows rewritten; {len(r['grouped'])} column(s) in a "
+              f"column group: {', '.join(r['grouped']) or '(none)'}")
+    return EXIT_OK
+
+
 def cmd_compact(args: argparse.Namespace) -> int:
     with _open(args.store) as z:
         r = z.compact()
@@ -799,6 +815,16 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--overwrite", action="store_true",
                     help="replace a loaderx store or dataset directory at DST (atomically)")
     up.set_defaults(run=cmd_unpack)
+
+    upg = sub.add_parser(
+        "upgrade", help="rewrite a dataset directory in the current layout (column groups, "
+        "one commit point)",
+        description="Rewrites a dataset directory of the older layout (a store per column, "
+        "manifest version 1) in the current one: its raw fixed-width columns in one column "
+        "group, rows appended in place from then on. Built aside and swapped in atomically; "
+        "every value kept. A directory already in the current layout is left as it is.")
+    upg.add_argument("dataset", help="a dataset directory")
+    upg.set_defaults(run=cmd_upgrade)
 
     comp = sub.add_parser("compact", help="reclaim the space of deleted records")
     comp.add_argument("store")

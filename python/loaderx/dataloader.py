@@ -130,6 +130,7 @@ Streams may also add arrays of their own to each batch (``companions``, see
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import os
@@ -149,6 +150,7 @@ from loaderx._loader.stats import (
     Period,
     Stage,
     Verdict,
+    read_advice,
     stats_default,
 )
 from loaderx._loader.window import RECHECK_SECONDS, Window, same_process
@@ -595,7 +597,7 @@ class DataLoader:
         ``stats().summary()`` (and ``print(stats())``) says whether the loop is input-bound
         and what to change. Worker processes report theirs with their batches. Off
         (``stats=False``): a snapshot whose summary says so."""
-        return _snapshot(self._pipe, self._worker_mode, self._num_workers)
+        return _snapshot(self._pipe, self._worker_mode, self._num_workers, self._streams)
 
     def close(self) -> None:
         """Stops the prefetch threads, waiting for them a second at most in all (a thread
@@ -692,6 +694,7 @@ class Pass:
         self._rows_of = rows_of
         self._len = steps
         self._mode, self._workers = loader.worker_mode, loader.num_workers
+        self._streams = loader._streams
         self._done = False
         self._pipe = loader._pipeline(
             rows_of, loader._job(loader._transform, pass_id), 0,
@@ -723,7 +726,7 @@ class Pass:
 
     def stats(self) -> LoaderStats:
         """The pass's statistics, as :meth:`DataLoader.stats` gives the loader's."""
-        return _snapshot(self._pipe, self._mode, self._workers)
+        return _snapshot(self._pipe, self._mode, self._workers, self._streams)
 
     def batch_indices(self, step: int) -> np.ndarray:
         """The record indices this process loads for batch ``step`` of the pass (padding rows
@@ -750,12 +753,12 @@ def _stop_all(pipe: Any, parking: Parking) -> None:
     parking.close()
 
 
-def _snapshot(pipe: Any, mode: str, workers: int) -> LoaderStats:
+def _snapshot(pipe: Any, mode: str, workers: int, streams: Mapping[str, Any]) -> LoaderStats:
     collector = pipe.collector
     if collector is None:
         return LoaderStats.off(mode, workers)
     snapshot: LoaderStats = collector.snapshot()
-    return snapshot
+    return dataclasses.replace(snapshot, read_advice=read_advice(streams))
 
 
 def _check_companion_names(streams: Mapping[str, Any]) -> set[str]:

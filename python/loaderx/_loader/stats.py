@@ -767,7 +767,35 @@ def _cores_busy(p: Period) -> tuple[bool, str]:
     return own is not None and own >= CORES_BUSY * p.cores, words
 
 
-def judge(p: Period) -> Verdict:
+#: A dense record under this many bytes is *narrow*: its read is mostly the fixed cost of a
+#: record (a table entry, about 0.1 us), not its bytes.
+NARROW_RECORD_BYTES = 256
+
+
+def read_advice(streams: Any) -> str:
+    """What to change when reading ``streams`` (``{name: dataset}``) is the limit: keep narrow
+    columns together when several are read a record a value (the per-record cost), store the
+    data raw when some is compressed, else read fewer bytes -- never "raw" for raw data."""
+    narrow = [name for name, ds in streams.items()
+              if getattr(ds, "kind", None) == "dense" and getattr(ds, "column_group", None) is None
+              and 0 < getattr(ds, "record_bytes", NARROW_RECORD_BYTES) < NARROW_RECORD_BYTES]
+    if len(narrow) >= 2:
+        return (f"the per-record cost is the limit: {len(narrow)} columns of records under "
+                f"{NARROW_RECORD_BYTES} bytes are each read a record a value; keep narrow "
+                "columns together in a column group (from_arrow(..., group_columns=True), or "
+                "'loaderx upgrade DIR' on a dataset directory)")
+    codecs = set()
+    for ds in streams.values():
+        schema = getattr(ds, "schema", None)
+        if isinstance(schema, dict):
+            codecs.add(schema.get("codec"))
+    if codecs - {"raw", None}:
+        return "store the data raw (no decode) or in fewer, larger records"
+    return ("read fewer bytes a batch (fewer or smaller columns); the data is stored raw "
+            "already, so the copy itself is the cost")
+
+
+def judge(p: Period, read: str | None = None) -> Verdict:
     """The verdict on period ``p``, by these rules:
 
     1. Fewer than 3 batches: too few to judge.
@@ -782,7 +810,8 @@ def judge(p: Period) -> Verdict:
           device: the storage is the limit (more workers keep more reads in flight);
        d. the cores are busy -- at least :data:`CORES_BUSY` of them by this process and its
           workers, or the whole machine :data:`MACHINE_BUSY` busy: the limit's stage is the
-          limit (make it cheaper);
+          limit (make it cheaper; for the read, ``read`` says how, from the streams: see
+          :func:`read_advice`);
        e. thread workers (2 or more) with the GIL on, together on at most :data:`GIL_CORES`
           cores, the transform the limit: the transform holds the GIL -- use
           ``worker_mode="process"``;
@@ -823,7 +852,7 @@ def judge(p: Period) -> Verdict:
         return Verdict(True, limit, advice, text)
     busy, cores = _cores_busy(p)
     if busy:
-        advice = _ADVICE[limit]
+        advice = read if limit == "read" and read else _ADVICE[limit]
         text = (f"{head}{what} and the cores are busy ({cores}): the {limit} is the limit; "
                 f"{advice}")
         return Verdict(True, limit, advice, text)
@@ -857,6 +886,8 @@ class LoaderStats:
     since_start: Period
     since_last: Period
     notes: tuple[str, ...] = field(default=())
+    #: What to change when the read is the limit (:func:`read_advice` of the loader's streams).
+    read_advice: str | None = None
 
     @staticmethod
     def off(mode: str, workers: int) -> LoaderStats:
@@ -870,7 +901,7 @@ class LoaderStats:
         if not self.enabled:
             return Verdict(None, None, "", "statistics are off (DataLoader(stats=False) or "
                            "LOADERX_STATS=0)")
-        return judge(self.since_last)
+        return judge(self.since_last, self.read_advice)
 
     def summary(self) -> str:
         """The verdict in a line or two: whether the loop is input-bound, and what to

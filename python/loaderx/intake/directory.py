@@ -95,7 +95,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -919,6 +919,8 @@ class DirectoryWriter:
         self._part_groups: tuple[Group, ...] = ()  # the last closed part's groups
         self._rows_per_part_given = rows_per_part is not None
         self._group: _GroupWriter | None = None
+        self._behind: Future[None] | None = None  # the batch being written behind the caller
+        self._behind_pool: ThreadPoolExecutor | None = None
         self.codec: Codec = _store_codec(codec)
         self.checksums = bool(checksums)
         self.extra = dict(extra or {})
@@ -1110,7 +1112,12 @@ class DirectoryWriter:
                                if w.column.group is None]
             if self._group is not None:
                 work.append(self._group.rows_of(prepared, done, take))
-            self._each(append, work)
+            # Written behind: the stores take this batch (GIL released) while the caller
+            # reads, converts and packs the next one; the next append waits for it first.
+            self._wait_behind()
+            if self._behind_pool is None:
+                self._behind_pool = ThreadPoolExecutor(1, thread_name_prefix="loaderx-write")
+            self._behind = self._behind_pool.submit(self._each, append, work)
             self._part_rows[-1] += take
             done += take
         self._state = "writing"
@@ -1179,6 +1186,7 @@ class DirectoryWriter:
     def _close_part(self) -> None:
         """Syncs and closes the stores of the part being written and writes its manifest."""
         part = self._part_dir(len(self._part_rows) - 1)
+        self._wait_behind()
         self._part_groups = (self._group.closed(),) if self._group is not None else ()
         self._each(lambda w, _: w.store.sync())  # type: ignore[union-attr]
         rows = self._part_rows[-1]
@@ -1240,6 +1248,17 @@ class DirectoryWriter:
     def _publish(self) -> None:
         put_in_place(self._staging, self.dst, self._old)
 
+    def _wait_behind(self) -> None:
+        """Waits for the batch written behind the caller; its failure breaks the writer."""
+        behind, self._behind = self._behind, None
+        if behind is None:
+            return
+        try:
+            behind.result()
+        except BaseException:
+            self._state = "broken"
+            raise
+
     def _group_blocks(self, rows: int) -> int:
         assert self._group is not None
         return self._group.group.blocks(rows)
@@ -1257,6 +1276,8 @@ class DirectoryWriter:
         """Gives up: removes everything written; ``dst`` is left as it was."""
         if self._state in ("committed", "aborted"):
             return
+        with contextlib.suppress(BaseException):
+            self._wait_behind()  # nothing may write while the stores close
         for w in self._owners():
             if w.store is not None:
                 with contextlib.suppress(Exception):
@@ -1287,6 +1308,9 @@ class DirectoryWriter:
 
     def _finish(self) -> None:
         try:
+            if self._behind_pool is not None:
+                self._behind_pool.shutdown(wait=True)
+                self._behind_pool = None
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
