@@ -123,19 +123,20 @@ def verify_dataset(path: str | os.PathLike[str], *, max_listed: int = 100) -> di
     columns = {c.name: _column_entry(c, manifest.rows) for c in manifest.columns}
     problems: list[str] = []
     budget = [max_listed]  # damaged records still to list, in the whole report
+    committed = bool(manifest.generation) and not manifest.parts
     if not manifest.parts:
         for col in manifest.columns:
             if col.group is None:
-                columns[col.name]["stores"].append(
-                    _check_store(path, col.store, None, col, manifest.rows, budget))
+                columns[col.name]["stores"].append(_check_store(
+                    path, col.store, None, col, manifest.rows, budget, committed))
             else:
                 columns[col.name]["group"] = group_store_column(
                     manifest.groups[col.group], col.group).name
         for k, g in enumerate(manifest.groups):
             gc = group_store_column(g, k)
             columns[gc.name] = _column_entry(gc, g.blocks(manifest.rows))
-            columns[gc.name]["stores"].append(
-                _check_store(path, g.store, None, gc, g.blocks(manifest.rows), budget))
+            columns[gc.name]["stores"].append(_check_store(
+                path, g.store, None, gc, g.blocks(manifest.rows), budget, committed))
     for part in manifest.parts:
         try:
             sub = read_manifest(part_directory(path, part))
@@ -193,9 +194,11 @@ def _column_entry(col: Column, rows: int) -> dict[str, Any]:
 
 
 def _check_store(root: str, rel: str, part: Part | None, col: Column, rows: int,
-                 budget: list[int]) -> dict[str, Any]:
+                 budget: list[int], committed: bool = False) -> dict[str, Any]:
     """The entry of column ``col``'s store ``rel`` (inside the dataset directory ``root``),
-    which must hold ``rows`` records; ``budget[0]``: damaged records still to list."""
+    which must hold ``rows`` records; ``budget[0]``: damaged records still to list. With
+    ``committed`` (a directory with a commit point), records past ``rows`` are an append that
+    was not committed: counted as ``uncommitted``, not judged (the next writer trims them)."""
     path = os.path.join(root, *rel.split("/"))
     entry: dict[str, Any] = {"part": None if part is None else part.path, "store": rel,
                              "path": path, "rows": rows, "records": None, "checked": 0,
@@ -229,6 +232,12 @@ def _check_store(root: str, rel: str, part: Part | None, col: Column, rows: int,
     except _STORE_FAULTS as e:
         problems.append(f"it cannot be opened: {e}")
         return entry
+    if committed and found["records"] > rows:
+        past = [f for f in found["failures"] if f[0] >= rows]
+        found["failures"] = [f for f in found["failures"] if f[0] < rows]
+        found["damaged"] -= len(past)
+        entry["uncommitted"] = found["records"] - rows
+        found["records"] = rows
     budget[0] -= len(found["failures"])
     entry.update(records=found["records"], checked=found["checked"],
                  unchecked=found["unchecked"], damaged=found["damaged"],

@@ -94,6 +94,8 @@ class Appender:
         _require(self.dst, read_manifest(self.dst))
         self._stores = _lock_stores(self.dst)
         self._state = "open"
+        #: Records an interrupted append had left past the commit point, trimmed: by store.
+        self.trimmed: dict[str, int] = {}
         try:
             manifest = read_manifest(self.dst)  # again, under the locks: what is changed
             _require(self.dst, manifest)
@@ -136,6 +138,7 @@ class Appender:
                                     f"{self.dst} says {records}; restore it from a copy")
         if held > records:
             z._native.truncate(records)
+            self.trimmed[z.path] = held - records
         return z
 
     def append(self, rows: Mapping[str, Any]) -> int:

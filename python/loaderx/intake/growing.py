@@ -110,6 +110,7 @@ from loaderx.intake.directory import (
     NO_LINKS,
     PARTS_DIR,
     Column,
+    DirectoryWriter,
     Manifest,
     Part,
     chunks_of,
@@ -749,6 +750,8 @@ def delete_rows(dst: str | os.PathLike[str], indices: Any, *, keep_order: bool =
     if keep_order is not True and keep_order is not False:
         raise LoaderxValueError(f"keep_order must be True or False, got {keep_order!r}")
     dst = os.path.abspath(os.fspath(dst))
+    if is_dataset_directory(dst) and (manifest := read_manifest(dst)).groups:
+        return _delete_by_rewrite(dst, manifest, indices)
     with _holding(dst, "delete") as held:
         _step("shrink:held")
         m = held.manifest
@@ -774,6 +777,41 @@ def delete_rows(dst: str | os.PathLike[str], indices: Any, *, keep_order: bool =
                 start += um.rows
             return _publish_shrunk(held, units, columns, extras, keep_order,
                                    m.rows - len(gone)).rows
+
+
+def _delete_by_rewrite(dst: str, manifest: Manifest, indices: Any) -> int:
+    """:func:`delete_rows` of a directory with a column group: the kept rows, in order, written
+    as a new directory that replaces ``dst`` in one transaction (a conversion's cost: a group's
+    blocks cannot lose rows in place). The columns' class ``counts`` follow."""
+    gone = _row_indices(indices, manifest.rows, dst)
+    if not len(gone):
+        return manifest.rows
+    keep = np.setdiff1d(np.arange(manifest.rows, dtype=np.uint64), gone.astype(np.uint64))
+    columns = open_dataset(dst)
+    try:
+        extras = {c.name: dict(c.extra) for c in manifest.columns}
+        for c in manifest.columns:
+            counts = extras[c.name].get("counts")
+            if isinstance(counts, list) and c.kind == "dense":
+                labels = np.asarray(_records(columns[c.name], np.sort(gone).astype(np.uint64)))
+                found = np.bincount(labels[(labels >= 0) & (labels < len(counts))].astype(
+                    np.int64), minlength=len(counts))
+                extras[c.name]["counts"] = [int(a) - int(b) for a, b in zip(
+                    counts, found, strict=False)]
+        with DirectoryWriter(dst, overwrite=True, group_columns=True,
+                             extra=manifest.extra) as writer:
+            for c in manifest.columns:
+                writer.add_column(c.name, c.kind, c.dtype, c.item_shape,
+                                  codec=cast(Codec, c.codec), extra=extras[c.name])
+            _step("shrink:held")
+            for lo in range(0, len(keep), _BLOCK_ROWS):
+                idx = keep[lo:lo + _BLOCK_ROWS]
+                writer.append({c.name: _records(columns[c.name], idx) for c in manifest.columns})
+            return writer.commit()
+    finally:
+        for ds in columns.values():
+            with contextlib.suppress(Exception):
+                ds.close()
 
 
 def _row_indices(indices: Any, n: int, dst: str) -> np.ndarray:
@@ -913,6 +951,12 @@ def repair_dataset(dst: str | os.PathLike[str]) -> dict[str, int]:
     dst = os.path.abspath(os.fspath(dst))
     staging.remove_stale(dst)
     manifest = read_manifest(dst)
+    if has_commit_point(manifest):
+        # What an interrupted append left past the commit point: trimmed by any writer.
+        from loaderx.intake.appending import Appender
+
+        with Appender(dst) as appender:
+            return dict(appender.trimmed)
     refuse_grouped(dst, manifest, "repair")
     stores = claim_destination(dst, overwrite=True)
     try:

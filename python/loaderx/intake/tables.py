@@ -187,13 +187,14 @@ def from_arrow(
     already finished (see "Resuming" in the module docstring). ``append=True`` adds the rows to the
     dataset already at ``dst`` -- the same columns, written with its codecs -- every column
     at once and all or nothing, and returns its new row count (see
-    :mod:`loaderx.intake.growing`). ``group_columns=True`` stores the fixed-width columns stored
-    raw (numbers, booleans, timestamps, fixed-size lists of them) together in one column group,
-    row-major in blocks (see :class:`~loaderx.intake.DirectoryWriter`): a table of many narrow
-    columns then takes about the bytes of its values and reads a batch of all of them in one
-    native call; such a directory cannot yet be grown or shrunk (``append``, ``resume``,
-    :func:`~loaderx.intake.append_dataset`, :func:`~loaderx.intake.delete_rows`): convert again.
-    See the module docstring for sources and type mapping."""
+    :mod:`loaderx.intake.growing`). ``group_columns=True`` stores the fixed-width columns
+    stored raw (numbers, booleans, timestamps, fixed-size lists of them) together in one column
+    group, row-major in blocks (see :class:`~loaderx.intake.DirectoryWriter`): a table of many
+    narrow columns then takes about the bytes of its values, reads a batch of all of them in one
+    native call, and grows in place with one commit point (:mod:`loaderx.intake.appending`);
+    not with ``resume=True`` (parts are joined a store per column). The default (False) writes
+    a store per column, the layout of manifest version 1. See the module docstring for sources
+    and type mapping."""
     pa = _pyarrow()
     if group_columns is not False and group_columns is not True:
         raise LoaderxTypeError(f"group_columns must be True or False, got {group_columns!r}")
