@@ -182,6 +182,12 @@ impl Zrecord {
         detach(py, || store.gather_block_rows(&idxs, layout, tail, dst, shards)).py()
     }
 
+    /// `(device, inode, deletes seen)`: what identifies the records this handle's indices name
+    /// (see `Store::view_token`).
+    fn view_token(&self) -> PyResult<(u64, u64, u64)> {
+        Ok(self.get()?.view_token())
+    }
+
     /// Keeps records `0..len` and drops the rest, moving nothing and disturbing no other
     /// handle (records past a dataset directory's commit point an interrupted append left).
     fn truncate(&self, py: Python<'_>, len: u64) -> PyResult<()> {

@@ -87,6 +87,12 @@ impl Epoch {
         Ok(true)
     }
 
+    /// The deletes and replacements this handle's view has taken in (the change count of the
+    /// epoch it matches; compaction moves left out: they change no index).
+    pub fn changes_seen(&self) -> u64 {
+        self.seen.load(Ordering::Acquire) & !MOVES
+    }
+
     /// Whether the handle has `gen.zr` mapped.
     pub fn attached(&self) -> bool {
         self.map.get().is_some()

@@ -234,6 +234,14 @@ impl Store {
         &self.dir
     }
 
+    /// What identifies the records this handle's indices name: its `meta.zr` (device, inode:
+    /// another store put at the path has others) and the deletes its view has taken in. A
+    /// handle opened later at the same path names the same records at the same indices (up to
+    /// the first one's length) exactly when both agree; appends change neither.
+    pub fn view_token(&self) -> (u64, u64, u64) {
+        (self.meta_identity.0, self.meta_identity.1, self.epoch.changes_seen())
+    }
+
     /// Number of live records: the writer's own count on the writing handle, the synced
     /// header's (read live, so other handles' synced appends show at once) on every other. A
     /// writing handle inherited across fork also sees what its parent had appended by then.

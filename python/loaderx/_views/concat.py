@@ -22,6 +22,7 @@ from loaderx._views.dataset import (
     _schema,
     _shortest_batch,
     _whole_rows,
+    pinned_to,
 )
 from loaderx.errors import (
     DatasetError,
@@ -190,7 +191,8 @@ class ConcatDataset:
     def __reduce__(self) -> tuple[Any, ...]:
         # The parts themselves: each pickles with its own absolute path and settings (a part
         # opened by the caller keeps its verify_reads, whatever this view's flag says).
-        return (_reopen, (self._parts, self._verify_reads, self._classes))
+        return (_reopen, (self._parts, self._verify_reads, self._classes,
+                          [int(n) for n in np.diff(self._starts)]))
 
     @property
     def verify_reads(self) -> bool:
@@ -320,6 +322,9 @@ def _of_subsets(parts: list[Any], verify_reads: bool) -> Any:
     return Subset(ConcatDataset(whole, verify_reads=verify_reads), np.concatenate(index))
 
 
-def _reopen(parts: list[Any], verify_reads: bool,
-            classes: list[Any] | None = None) -> ConcatDataset:
+def _reopen(parts: list[Any], verify_reads: bool, classes: list[Any] | None = None,
+            lengths: list[int] | None = None) -> ConcatDataset:
+    if lengths is not None:  # the parts as long as this view was built on
+        parts = [pinned_to(p, n, f"part {i} of a ConcatDataset")
+                 for i, (p, n) in enumerate(zip(parts, lengths, strict=True))]
     return ConcatDataset(parts, verify_reads=verify_reads, _classes=classes)

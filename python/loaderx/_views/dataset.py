@@ -30,7 +30,7 @@ from loaderx.errors import (
 )
 from loaderx.zrecord import Zrecord
 
-__all__ = ["DenseDataset", "RaggedDataset", "pad"]
+__all__ = ["DenseDataset", "RaggedDataset", "pad", "pinned_to"]
 
 
 class _StoreView:
@@ -127,7 +127,16 @@ class _StoreView:
         self.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_reopen, (type(self), self._path, self._verify_reads, self._pin))
+        # The records this handle names travel with it: its length and its store's identity
+        # (a worker process that opens the path again refuses other records at these indices).
+        pin = self._pin if self._pin is not None else (len(self), "", "")
+        return (_reopen, (type(self), self._path, self._verify_reads, pin,
+                          self._store._native.view_token()))
+
+    def _pinned(self, rows: int) -> None:
+        """Shows only the first ``rows`` records from now on (see :func:`pinned_to`)."""
+        root, generation = self._pin[1:] if self._pin is not None else ("", "")
+        self._pin = (rows, root, generation)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"records={len(self)}"
@@ -136,8 +145,9 @@ class _StoreView:
 
 
 def _reopen(cls: type, path: str, verify_reads: bool,
-            pin: tuple[int, str, str] | None = None) -> Any:
-    if pin is not None:
+            pin: tuple[int, str, str] | None = None,
+            token: tuple[int, int, int] | None = None) -> Any:
+    if pin is not None and pin[1]:
         rows, root, generation = pin
         # Read here, not imported at the top: the directory layer imports this module.
         from loaderx.intake.directory import read_manifest
@@ -148,7 +158,40 @@ def _reopen(cls: type, path: str, verify_reads: bool,
                 f"{manifest.rows} rows; this dataset was opened at {generation!r}, {rows} "
                 "rows): its records may no longer be the ones this dataset was given. Open it "
                 "again (open_dataset)")
-    return cls(path, verify_reads=verify_reads, _pin=pin)
+    try:
+        ds = cls(path, verify_reads=verify_reads, _pin=pin)
+    except CorruptStoreError:
+        if pin is None or pin[1]:
+            raise
+        raise StoreChangedError(f"{path} now holds fewer records than the {pin[0]} this "
+                                "dataset was given: records were deleted since. Open it again "
+                                "and build the loader anew") from None
+    if token is not None:
+        now = ds._store._native.view_token()
+        if now != tuple(token):
+            ds.close()
+            why = ("another store was put at its path" if now[:2] != tuple(token[:2]) else
+                   "records were deleted from it (its indices now name other records)")
+            raise StoreChangedError(f"{path}: {why} since this dataset was opened; a worker "
+                                    "does not read other records at the loader's indices. "
+                                    "Open it again and build the loader anew")
+    return ds
+
+
+def pinned_to(ds: Any, rows: int, what: str) -> Any:
+    """``ds`` showing exactly the ``rows`` records a view (a concatenation, a mixture, a packed
+    view) was built on, for the view rebuilt in a worker process: a store's dataset with more
+    now (appended since) is pinned to them; fewer, or a view of another length, is refused
+    (StoreChangedError) -- the view's rows would not be the loader's."""
+    n = len(ds)
+    if n == rows:
+        return ds
+    pin = getattr(ds, "_pinned", None)
+    if n > rows and pin is not None:
+        pin(rows)
+        return ds
+    raise StoreChangedError(f"{what} holds {n} records now; the view was built on {rows}: its "
+                            "rows would not be the loader's. Build the view and the loader anew")
 
 
 class DenseDataset(_StoreView):

@@ -381,6 +381,12 @@ class GroupColumn:
     def prefetch(self, idxs: Any) -> bool:
         return self.column_group.prefetch(idxs)
 
+    def _pinned(self, rows: int) -> None:
+        """Shows only the first ``rows`` rows (the group's, for all its columns)."""
+        group = self.column_group
+        if rows < group.rows:
+            group.rows, group._check_pin = rows, True
+
     def close(self) -> None:
         """Closes the group's store (and so every column of the group)."""
         self.column_group.close()

@@ -18,6 +18,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from loaderx import _native
+from loaderx._views.dataset import pinned_to
 from loaderx._views.gather import _indices, _one_index, _ragged_layout, _ragged_views
 from loaderx._views.mix_plan import (
     MAX_TRANSITION,
@@ -814,7 +815,7 @@ class Mixture:
     def __reduce__(self) -> tuple[Any, ...]:
         c = self._core
         return (_rebuild, (c.token, c.sources, c.config, c.seed, c.batch_size, self._name,
-                           self._emit_source))
+                           self._emit_source, list(c.length_of)))
 
     def __repr__(self) -> str:
         ws = ", ".join(f"{w:.4g}" for w in self.weights)
@@ -839,10 +840,15 @@ def _place(into: dict[str, np.ndarray], part: Mapping[str, Any], lo: int, hi: in
 
 
 def _rebuild(token: str, sources: list[dict[str, Any]], config: tuple[Any, ...], seed: Any,
-             batch_size: int | None, name: str, emit_source: bool) -> Mixture:
+             batch_size: int | None, name: str, emit_source: bool,
+             lengths: list[int] | None = None) -> Mixture:
     with _CORES_LOCK:
         core = _CORES.get(token)
     if core is None:
+        if lengths is not None:  # every source as long as the mixture was built on
+            sources = [{k: pinned_to(ds, n, f"source {i}'s stream {k!r}")
+                        for k, ds in s.items()}
+                       for i, (s, n) in enumerate(zip(sources, lengths, strict=True))]
         weights, schedule, transition = config
         core = _build(sources, weights, seed, schedule, transition, batch_size, token)
     return Mixture(core, name, emit_source)

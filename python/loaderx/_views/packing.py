@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from loaderx import _native
-from loaderx._views.dataset import RaggedDataset
+from loaderx._views.dataset import RaggedDataset, pinned_to
 from loaderx._views.gather import _dense_gather, _indices, _one_index
 from loaderx._views.pack_plan import ConcatPlan, FirstFitPlan, Parts, _ranges
 from loaderx._views.recycle import aligned_empty
@@ -317,6 +317,7 @@ class PackedDataset:
             raise LoaderxValueError(f"repack must be True or False, got {repack!r}")
         layout = _layout(docs)
         self._docs = docs
+        self._docs_len = len(docs)
         self._layout = layout
         self._dtype = np.dtype(layout.parts[0].dtype)
         self._eos = None if eos_id is None else _token_id(eos_id, "eos_id", self._dtype)
@@ -813,7 +814,7 @@ class PackedDataset:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_repack, (self._docs, self._seq_len, self._method, self._seed, self._eos,
-                          self._pad, self._truncate, self._repack))
+                          self._pad, self._truncate, self._repack, self._docs_len))
 
     def __repr__(self) -> str:
         what = (f"dropped_tokens={self.dropped_tokens}" if self._method == "concat"
@@ -838,7 +839,10 @@ def _check_positions(lengths: np.ndarray, eos: bool) -> None:
 
 
 def _repack(docs: Any, seq_len: int, method: Method, seed: Any, eos_id: int | None,
-            pad_id: int, truncate: bool | None, repack: bool = False) -> PackedDataset:
+            pad_id: int, truncate: bool | None, repack: bool = False,
+            docs_len: int | None = None) -> PackedDataset:
+    if docs_len is not None:  # the documents the view was built on, not those appended since
+        docs = pinned_to(docs, docs_len, "the packed view's documents")
     return PackedDataset(docs, seq_len, method=method, seed=seed, eos_id=eos_id,
                          pad_id=pad_id, truncate=truncate, repack=repack)
 

@@ -527,9 +527,31 @@ def open_dataset(path: str | os.PathLike[str], *, columns: Sequence[str] | None 
     Every column has the manifest's row count (CorruptStoreError otherwise), so row ``i`` of
     each belongs to sample ``i``: pass the dict to :class:`~loaderx.dataloader.DataLoader` or
     :func:`loaderx.split` as it is. A string column is a RaggedDataset of ``uint8``; decode
-    its records with :func:`decode_strings`."""
+    its records with :func:`decode_strings`.
+
+    A directory replaced while it opens (an append or delete of a version-1 directory swaps
+    in a new one) is opened again from its new manifest: it opens as the old dataset or the
+    new one, never as the old manifest over the new stores."""
     path = os.path.abspath(os.fspath(path))
-    manifest = read_manifest(path)
+    for _ in range(_OPEN_ATTEMPTS - 1):
+        manifest, raw = manifest_and_bytes(path)
+        try:
+            return _open_from(path, manifest, columns, verify_reads)
+        except CorruptStoreError:
+            with contextlib.suppress(LoaderxError, OSError):
+                if manifest_and_bytes(path)[1] != raw:
+                    continue  # replaced meanwhile: open what is there now
+            raise
+    return _open_from(path, read_manifest(path), columns, verify_reads)
+
+
+#: Opens of a dataset directory tried while it keeps being replaced under them.
+_OPEN_ATTEMPTS = 4
+
+
+def _open_from(path: str, manifest: Manifest, columns: Sequence[str] | None,
+               verify_reads: bool) -> dict[str, Dataset]:
+    """:func:`open_dataset` of ``path`` as ``manifest`` describes it."""
     chosen = _choose(manifest, columns)
     opened: list[Any] = []
     try:
