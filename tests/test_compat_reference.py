@@ -6,9 +6,11 @@ cannot be reached."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
+import sys
 import venv
 
 import numpy as np
@@ -176,3 +178,79 @@ def test_reference_reads_and_extends_a_joined_store(peer, tmp_path):
     peer("extend", str(tmp_path / "joined"), str(tmp_path / "extended.npz"))
     with Zrecord(tmp_path / "joined") as z:
         assert ref_peer.read_store(z) == load(tmp_path / "extended.npz")
+
+
+# -- code written for 0.9.11: its public names, values and error codes ------------------------
+
+NAMES = r"""
+import importlib, json, numbers
+out = {}
+for mod in ("loaderx", "loaderx.zrecord", "loaderx.converter", "loaderx.dataset",
+            "loaderx.dataloader", "loaderx.sampler"):
+    m = importlib.import_module(mod)
+    names = {}
+    for n in dir(m):
+        if n.startswith("_"):
+            continue
+        v = getattr(m, n)
+        if isinstance(v, (str, numbers.Integral, tuple)) and not isinstance(v, bool):
+            names[n] = ["value", list(v) if isinstance(v, tuple) else v]
+        elif getattr(v, "__module__", "").startswith("loaderx") or type(v).__name__ == "module" \
+                and v.__name__.startswith("loaderx"):
+            names[n] = ["object", type(v).__name__]
+    out[mod] = names
+print(json.dumps(out))
+"""
+
+CODES = r"""
+import json, os, sys, tempfile, numpy as np
+from loaderx.zrecord import Zrecord, ZrecordError
+d = tempfile.mkdtemp()
+out = {}
+def code(name, fn):
+    try:
+        fn()
+        out[name] = None
+    except ZrecordError as e:
+        out[name] = e.code
+z = Zrecord(os.path.join(d, "s"), "raw")
+z.append(np.frombuffer(b"hello", np.uint8), np.array([0], np.uint64))
+code("index", lambda: z.gather(np.array([5], np.uint64), np.zeros(10, np.uint8),
+                               np.array([0], np.uint64)))
+code("record too large", lambda: z.append(np.zeros((1 << 20) + 1, np.uint8),
+                                          np.array([0], np.uint64)))
+code("destination too small", lambda: z.gather(np.array([0], np.uint64), np.zeros(2, np.uint8),
+                                               np.array([0], np.uint64)))
+os.makedirs(os.path.join(d, "bad"))
+with open(os.path.join(d, "bad", "meta.zr"), "wb") as f:
+    f.write(b"garbage" * 10)
+code("not a store", lambda: Zrecord(os.path.join(d, "bad"), "raw"))
+code("dictionary training", lambda: z.train_dict(np.zeros(10, np.uint8),
+                                                 np.array([10], np.uint64), 4096))
+print(json.dumps(out))
+"""
+
+
+def _run_both(code: str) -> tuple[dict, dict]:
+    py = reference_python()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    theirs = subprocess.run([str(py), "-c", code], check=True, env=env, cwd=VENV,
+                            capture_output=True, text=True, timeout=300).stdout
+    ours = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                          text=True, timeout=300).stdout
+    return json.loads(theirs), json.loads(ours)
+
+
+def test_every_public_name_of_the_reference_is_here_with_its_value():
+    theirs, ours = _run_both(NAMES)
+    for mod, names in theirs.items():
+        for name, (kind, value) in names.items():
+            assert name in ours[mod], f"{mod}.{name} is missing"
+            if kind == "value":
+                assert ours[mod][name] == [kind, value], f"{mod}.{name}"
+
+
+def test_errors_carry_the_references_codes():
+    theirs, ours = _run_both(CODES)
+    assert theirs == ours
+    assert set(theirs.values()) == {-3, -4, -6, -8, -9}

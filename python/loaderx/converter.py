@@ -57,13 +57,32 @@ from loaderx.errors import (
     LoaderxValueError,
     TokenArrayWarning,
 )
-from loaderx.zrecord import MAX_RECORD_BYTES, MAX_RECORDS, Codec, Zrecord
+from loaderx.zrecord import (
+    CODECS,
+    FORMAT,
+    MAX_RECORD_BYTES,
+    MAX_RECORD_LEN,
+    MAX_RECORDS,
+    SCHEMA,
+    Codec,
+    Zrecord,
+)
 from loaderx.zrecord import _codec as _store_codec
 
-__all__ = ["from_numpy", "from_iterator", "DEFAULT_CHUNK_BYTES", "AUTO_RAW_BELOW"]
+__all__ = ["from_numpy", "from_iterator", "DEFAULT_CHUNK_BYTES", "AUTO_RAW_BELOW", "CODECS",
+           "FORMAT", "SCHEMA", "MAX_RECORD_LEN", "Zrecord", "DICT_MIN", "DICT_MAX",
+           "DICT_MAX_SAMPLES", "WRITE_CHUNK_BYTES"]
 
 #: Default size of one append while converting.
 DEFAULT_CHUNK_BYTES = 64 << 20
+#: loaderx 0.9.11's names, for code written against it, with its values: the size of one
+#: append (this module's ``DEFAULT_CHUNK_BYTES``), and its dictionary bounds -- the smallest and
+#: largest dictionary and the most samples it trained on. This converter sizes a dictionary by
+#: its data (at most ``dict_size``, 112,640 bytes by default) and samples up to 16 MiB.
+WRITE_CHUNK_BYTES = DEFAULT_CHUNK_BYTES
+DICT_MIN = 8192
+DICT_MAX = 1 << 20
+DICT_MAX_SAMPLES = 8192
 #: zstd's own default dictionary size, the most an automatically sized dictionary gets.
 _MAX_AUTO_DICT = 112_640
 #: Most sample bytes a dictionary is trained on.

@@ -28,5 +28,6 @@ keep working in ``fork``-ed children.
 """
 
 from loaderx._views.dataset import DenseDataset, RaggedDataset, pad
+from loaderx.zrecord import FORMAT, SCHEMA, Zrecord  # loaderx 0.9.11's names here too
 
-__all__ = ["DenseDataset", "RaggedDataset", "pad"]
+__all__ = ["DenseDataset", "RaggedDataset", "pad", "FORMAT", "SCHEMA", "Zrecord"]

@@ -53,7 +53,16 @@ __all__ = [
 
 class LoaderxError(RuntimeError):
     """Base class of every loaderx error: the store engine's, the sampler's, the datasets'
-    and the loader's."""
+    and the loader's.
+
+    ``code`` is the integer loaderx 0.9.11's ``ZrecordError`` carried for the same failure, so
+    code that tests ``e.code`` keeps working: -1 out of memory, -2 file I/O, -3 index out of
+    range, -4 a record over the size limit, -5 the store full, -6 a buffer too small (any
+    unusable argument), -7 a record that fails to decode, -8 not a store, -9 dictionary
+    training failed. Each class has its usual code; the engine sets the exact one. (Failures
+    of the operating system are raised as ``OSError``, whose ``errno`` says more than -2.)"""
+
+    code: int = -2
 
 
 ZrecordError = LoaderxError
@@ -63,6 +72,8 @@ class CorruptStoreError(LoaderxError):
     """A store file holds bytes that cannot be trusted: wrong magic or version, a wrong size,
     a table entry outside its chunk, a missing chunk file, a bad zstd frame; or an archive
     that does not hold a store."""
+
+    code = -7
 
 
 class StoreBusyError(LoaderxError):
@@ -80,14 +91,20 @@ class StoreChangedError(LoaderxError):
 class MissingDictionaryError(LoaderxError):
     """A ``zstd_dict`` record or append in a store without ``dict.zr``."""
 
+    code = -7
+
 
 class InternalError(LoaderxError):
     """A failure inside loaderx or a library it relies on (zstd could not compress, rejected a
     dictionary it had just trained) that no argument explains. Please report it."""
 
+    code = -1
+
 
 class LoaderxIndexError(LoaderxError, IndexError):
     """A record index is negative, not an integer, or not below the store's length."""
+
+    code = -3
 
 
 ZrecordIndexError = LoaderxIndexError
@@ -97,11 +114,15 @@ class LoaderxTypeError(LoaderxError, TypeError):
     """An argument of the wrong type: a path where an open dataset is needed, a transform
     that is not callable, ``len()`` of an endless loader."""
 
+    code = -6
+
 
 class LoaderxValueError(LoaderxError, ValueError):
     """An argument is unusable: unknown codec or mode, bad offsets, overlapping or
     overflowing destination ranges, a non-contiguous or read-only buffer, a batch size the
     stream cannot give."""
+
+    code = -6
 
 
 ZrecordValueError = LoaderxValueError
@@ -111,11 +132,15 @@ class LimitExceededError(LoaderxValueError):
     """A format limit would be exceeded (1 MiB per record, 2**24 records, 4096 chunks).
     Raised before anything is written."""
 
+    code = -4
+
 
 class DatasetError(LoaderxValueError):
     """A directory is not a dataset of the kind asked for: no ``schema.msgpack``, a dense view
     of a ragged store (or the reverse), a schema with an unusable dtype or shape, or data that
     does not match the schema of the store it is being appended to."""
+
+    code = -8
 
 
 class StoreClosedError(LoaderxValueError):

@@ -30,10 +30,12 @@ import numpy as np
 
 from loaderx import _native
 from loaderx._convert import as_indices, as_offsets, destination_bytes, source_bytes
+from loaderx._store import schema as _schema
 from loaderx.errors import DatasetError, LoaderxValueError
+from loaderx.errors import ZrecordError as _ZrecordError
 
 __all__ = ["Zrecord", "Codec", "CODECS", "MAX_RECORDS", "MAX_RECORD_BYTES", "CHUNK_CAPACITY",
-           "MAX_CHUNKS", "chunk_number"]
+           "MAX_CHUNKS", "chunk_number", "ZrecordError", "MAX_RECORD_LEN", "SCHEMA", "FORMAT"]
 
 #: A codec name, for type checkers: ``codec="lz4"`` is an error before the program runs.
 Codec = Literal["raw", "zstd", "zstd_dict"]
@@ -45,6 +47,12 @@ CODECS: tuple[str, ...] = _native.CODECS
 MAX_RECORDS: int = _native.MAX_RECORDS
 #: Largest record, in bytes.
 MAX_RECORD_BYTES: int = _native.MAX_RECORD_BYTES
+#: loaderx 0.9.11's names, for code written against it: its error class (every loaderx error:
+#: ``e.code`` as it had it), the record limit, and the schema file's name and format tag.
+ZrecordError = _ZrecordError
+MAX_RECORD_LEN: int = MAX_RECORD_BYTES
+SCHEMA: str = _schema.SCHEMA_FILE
+FORMAT: str = _schema.FORMAT
 #: Bytes one chunk file holds at most, and chunk files one store holds (docs/FORMAT.md).
 CHUNK_CAPACITY = 1 << 32
 MAX_CHUNKS = MAX_RECORDS * MAX_RECORD_BYTES // CHUNK_CAPACITY  # 4096

@@ -149,15 +149,12 @@ def _reopen(cls: type, path: str, verify_reads: bool,
             token: tuple[int, int, int] | None = None) -> Any:
     if pin is not None and pin[1]:
         rows, root, generation = pin
-        # Read here, not imported at the top: the directory layer imports this module.
-        from loaderx.intake.directory import read_manifest
-        manifest = read_manifest(root)
-        if manifest.generation != generation or manifest.rows < rows:
+        now, held = _directory_state(root)
+        if now != generation or held < rows:
             raise StoreChangedError(
-                f"{root} was written again or shrunk (generation {manifest.generation!r}, "
-                f"{manifest.rows} rows; this dataset was opened at {generation!r}, {rows} "
-                "rows): its records may no longer be the ones this dataset was given. Open it "
-                "again (open_dataset)")
+                f"{root} was written again or shrunk (generation {now!r}, {held} rows; this "
+                f"dataset was opened at {generation!r}, {rows} rows): its records may no "
+                "longer be the ones this dataset was given. Open it again (open_dataset)")
     try:
         ds = cls(path, verify_reads=verify_reads, _pin=pin)
     except CorruptStoreError:
@@ -176,6 +173,23 @@ def _reopen(cls: type, path: str, verify_reads: bool,
                                     "does not read other records at the loader's indices. "
                                     "Open it again and build the loader anew")
     return ds
+
+
+def _no_directories(root: str) -> tuple[str, int]:
+    raise StoreChangedError(f"{root}: dataset directories cannot be read here (loaderx.intake "
+                            "is not imported)")
+
+
+#: A dataset directory's generation and row count now, read from its manifest. Manifests are
+#: read a floor above this one: :mod:`loaderx.intake.directory`, which imports this module,
+#: registers its reader when it is imported (``import loaderx`` imports it).
+_directory_state: Callable[[str], tuple[str, int]] = _no_directories
+
+
+def register_directory_state(read: Callable[[str], tuple[str, int]]) -> None:
+    """Sets how a dataset directory's generation and row count are read (see above)."""
+    global _directory_state
+    _directory_state = read
 
 
 def pinned_to(ds: Any, rows: int, what: str) -> Any:

@@ -25,7 +25,7 @@ import math
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, SupportsIndex, overload
 
@@ -253,22 +253,35 @@ _REOPENED: weakref.WeakValueDictionary[tuple[Any, ...], ColumnGroup] = \
 _REOPEN_LOCK = threading.Lock()
 
 
+#: What a dataset directory's group ``index`` is now: ``(generation, rows, segments,
+#: layout)``, from its manifest. Manifests are read a floor above this one:
+#: :mod:`loaderx.intake.directory`, which imports this module, registers its reader.
+GroupOpener = Callable[[str, int], tuple[str, int, list[tuple[str, int, bytes]], GroupLayout]]
+_group_opener: GroupOpener | None = None
+
+
+def register_group_opener(opener: GroupOpener) -> None:
+    """Sets how a group is found again from its directory (see above)."""
+    global _group_opener
+    _group_opener = opener
+
+
 def _reopen_group(key: tuple[Any, ...]) -> ColumnGroup:
     root, generation, index, rows, verify = key
     with _REOPEN_LOCK:
         group = _REOPENED.get(key)
         if group is not None and not group.closed:
             return group
-        # Read here, not imported at the top: the directory layer imports this module.
-        from loaderx.intake.directory import group_segments, read_manifest
-        manifest = read_manifest(root)
-        if manifest.generation != generation or manifest.rows < rows:
+        if _group_opener is None:
+            raise StoreChangedError(f"{root}: dataset directories cannot be read here "
+                                    "(loaderx.intake is not imported)")
+        now, held, segments, layout = _group_opener(root, index)
+        if now != generation or held < rows:
             raise StoreChangedError(
-                f"{root} was written again or shrunk (generation {manifest.generation!r}, "
-                f"{manifest.rows} rows; the loader was built on {generation!r}, {rows} rows): "
-                "its rows may no longer be the rows this loader was given. Build the loader "
-                "again on the dataset as it is now (open_dataset)")
-        segments, layout = group_segments(root, manifest, index)
+                f"{root} was written again or shrunk (generation {now!r}, {held} rows; the "
+                f"loader was built on {generation!r}, {rows} rows): its rows may no longer be "
+                "the rows this loader was given. Build the loader again on the dataset as it "
+                "is now (open_dataset)")
         group = ColumnGroup(segments, layout, root, generation, index, verify_reads=verify,
                             pinned=rows)
         _REOPENED[key] = group

@@ -105,7 +105,7 @@ from loaderx import _native
 from loaderx._store import schema as _schema
 from loaderx._store import staging
 from loaderx._views.concat import ConcatDataset, register_class_names
-from loaderx._views.dataset import DenseDataset, RaggedDataset
+from loaderx._views.dataset import DenseDataset, RaggedDataset, register_directory_state
 from loaderx._views.group import (
     MAX_GROUP_ROW_BYTES,
     ColumnGroup,
@@ -114,6 +114,7 @@ from loaderx._views.group import (
     GroupLayout,
     pack_rows,
     plan_layout,
+    register_group_opener,
 )
 from loaderx.converter import AUTO_RAW_BELOW
 from loaderx.errors import (
@@ -642,6 +643,25 @@ def group_segments(root: str, manifest: Manifest, k: int) -> tuple[
     units = [(part_directory(root, p), read_manifest(part_directory(root, p)), p.rows)
              for p in manifest.parts]
     return _segments(units, k)
+
+
+def _group_now(root: str, k: int) -> tuple[str, int, list[tuple[str, int, bytes]], GroupLayout]:
+    """Group ``k`` of the directory ``root`` as its manifest says now, for a worker process
+    reopening a column (see :mod:`loaderx._views.group`)."""
+    manifest = read_manifest(root)
+    segments, layout = group_segments(root, manifest, k)
+    return manifest.generation, manifest.rows, segments, layout
+
+
+def _state_now(root: str) -> tuple[str, int]:
+    """The generation and row count of the directory ``root`` now (see
+    :mod:`loaderx._views.dataset`)."""
+    manifest = read_manifest(root)
+    return manifest.generation, manifest.rows
+
+
+register_group_opener(_group_now)
+register_directory_state(_state_now)
 
 
 def refuse_grouped(path: str, manifest: Manifest, what: str) -> None:
