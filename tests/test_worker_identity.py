@@ -150,3 +150,50 @@ def test_open_dataset_racing_an_append_opens_the_old_or_the_new(tmp_path: pathli
     ds = open_dataset(tmp_path / "dst")
     assert calls and len(ds["x"]) == len(ds["t"]) == 15
     np.testing.assert_array_equal(ds["x"][:], np.r_[np.arange(10), np.arange(5)])
+
+
+def test_a_mixture_of_labels_numbered_otherwise_is_refused(tmp_path: pathlib.Path) -> None:
+    """Finding 3 (as ConcatDataset does)."""
+    from loaderx.errors import DatasetError
+    from loaderx.intake import DirectoryWriter, open_dataset
+
+    for name, classes in (("a", ["cat", "dog"]), ("b", ["dog", "cat"]), ("c", ["cat", "dog"])):
+        with DirectoryWriter(tmp_path / name) as w:
+            w.add_column("label", "dense", np.int64, extra={"classes": classes})
+            w.append({"label": np.array([0, 1, 1])})
+    a, b, c = (open_dataset(tmp_path / n) for n in "abc")
+    with pytest.raises(DatasetError, match="mixture.*another class"):
+        mix([a["label"], b["label"]], [1, 1])
+    with pytest.raises(DatasetError, match="stream 'label'"):
+        mix([a, b], [1, 1])
+    assert len(mix([a, c], [1, 3])["label"]) > 0
+
+
+def test_mix_of_too_many_sources_names_the_limit(tmp_path: pathlib.Path) -> None:
+    """Finding 6."""
+    from loaderx.errors import LimitExceededError
+    from loaderx.mixture import MAX_SOURCES
+
+    ds = _values(tmp_path / "a", 3)
+    with pytest.raises(LimitExceededError, match=f"at most {MAX_SOURCES}"):
+        mix([ds] * (MAX_SOURCES + 1), [1] * (MAX_SOURCES + 1))
+
+
+def test_a_mixture_checkpoint_resumes_with_weights_written_otherwise(
+        tmp_path: pathlib.Path) -> None:
+    """Finding 5: [1, 1] saved, [1.0, 1.0] or [0.5, 0.5] at resume."""
+    a, b = _values(tmp_path / "a", 30), _values(tmp_path / "b", 17, base=100)
+    with DataLoader({"x": mix([a, b], [1, 1], seed=4)}, batch_size=8, seed=1,
+                    num_workers=0) as loader:
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        want = next(it)["x"].copy()
+    for weights in ([1.0, 1.0], [0.5, 0.5]):
+        with DataLoader({"x": mix([a, b], weights, seed=4)}, batch_size=8, seed=1,
+                        num_workers=0) as loader:
+            loader.load_state_dict(state)
+            np.testing.assert_array_equal(next(iter(loader))["x"], want)
+    with DataLoader({"x": mix([a, b], [1, 2], seed=4)}, batch_size=8, seed=1,
+                    num_workers=0) as loader, pytest.raises(ValueError):
+        loader.load_state_dict(state)

@@ -60,8 +60,12 @@ labels; ``batch["image_source"]`` says which source (the first stream's name).
 A mixture has no end, so ``loader.epoch()`` refuses it: a pass over a mixture would mean a pass
 over every source at once, which the weights do not give (the small sources would repeat, or
 the large ones be cut). Evaluate on each source's own loader.
+
+Label streams whose dataset directories number their classes differently (``cat`` is 0 in one,
+``dog`` in the other) are refused, as :class:`~loaderx.concat.ConcatDataset` refuses them; a
+mixture takes at most :data:`MAX_SOURCES` sources (65,535).
 """
 
-from loaderx._views.mixture import MIX_LENGTH, Mixture, mix, ordered_streams
+from loaderx._views.mixture import MAX_SOURCES, MIX_LENGTH, Mixture, mix, ordered_streams
 
-__all__ = ["mix", "Mixture", "ordered_streams", "MIX_LENGTH"]
+__all__ = ["mix", "Mixture", "ordered_streams", "MIX_LENGTH", "MAX_SOURCES"]

@@ -68,10 +68,16 @@ def register_class_names(find: Callable[[str], list[str] | None]) -> None:
     _class_names = find
 
 
-def check_class_maps(maps: Sequence[tuple[str, Any]], what: str = "a concatenation") -> None:
+_APPEND_ADVICE = ("Append one dataset to the other with loaderx.intake.append_dataset(first, "
+                  "second), which maps class names onto the first's numbering (new classes "
+                  "numbered after its own)")
+
+
+def check_class_maps(maps: Sequence[tuple[str, Any]], what: str = "a concatenation",
+                     advice: str = _APPEND_ADVICE) -> None:
     """Refuses (DatasetError) ``maps`` -- ``(where, class names or None)`` of each dataset
-    concatenated -- that number the classes differently: the same label would name another
-    class in each. Datasets without class names are not compared."""
+    concatenated (or mixed) -- that number the classes differently: the same label would name
+    another class in each. Datasets without class names are not compared."""
     named = [(where, names) for where, names in maps if names is not None]
     for where, names in named[1:]:
         first_where, first = named[0]
@@ -87,9 +93,18 @@ def check_class_maps(maps: Sequence[tuple[str, Any]], what: str = "a concatenati
             f"only there: {lacks!r}" if lacks else ""]))
         raise DatasetError(
             f"{where} numbers its classes {_short(names)}, {first_where} {_short(first)} "
-            f"({detail}); in {what} the same label would mean another class. Append one "
-            "dataset to the other with loaderx.intake.append_dataset(first, second), which "
-            "maps class names onto the first's numbering (new classes numbered after its own)")
+            f"({detail}); in {what} the same label would mean another class. {advice}")
+
+
+def class_names_of(ds: Any) -> list[str] | None:
+    """The class names a dataset's manifest gives its labels (a column of a dataset
+    directory, a concatenation of such columns, a subset of one), or None."""
+    if isinstance(ds, (DenseDataset, RaggedDataset)):
+        return _class_names(ds.path)
+    if isinstance(ds, ConcatDataset):
+        return next((c for c in ds._classes if c is not None), None)
+    base = getattr(ds, "_base", None)  # a Subset names its dataset's classes
+    return class_names_of(base) if base is not None else None
 
 
 def _short(names: Sequence[Any]) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from loaderx import _native
+from loaderx._views.concat import check_class_maps, class_names_of
 from loaderx._views.dataset import pinned_to
 from loaderx._views.gather import _indices, _one_index, _ragged_layout, _ragged_views
 from loaderx._views.mix_plan import (
@@ -36,10 +37,18 @@ from loaderx._views.mix_plan import (
     source_bases,
 )
 from loaderx._views.source import is_dense_source, is_ragged_source
-from loaderx.errors import LoaderxIndexError, LoaderxTypeError, LoaderxValueError
+from loaderx.errors import (
+    LimitExceededError,
+    LoaderxIndexError,
+    LoaderxTypeError,
+    LoaderxValueError,
+)
 from loaderx.sampler import Mode, _integer, normalize_seed
 
-__all__ = ["mix", "Mixture", "ordered_streams", "MIX_LENGTH"]
+__all__ = ["mix", "Mixture", "ordered_streams", "MIX_LENGTH", "MAX_SOURCES"]
+
+#: Most sources one mixture takes (a source's number is 16 bits in its tables).
+MAX_SOURCES = 0xFFFF
 
 Transition = Literal["linear", "step"]
 
@@ -513,7 +522,12 @@ class Mixture:
                        for s, ds in enumerate(self._fixed)]
         self._gathered = _Gathered()
         self._one_call = self._native_batches()
-        digest = hashlib.sha1(repr((core.config, normalize_seed(core.seed), name, [
+        # The order as the mixture resolved it (each piece's start, length and integer
+        # weights), not the weights as written: [1, 1], [1.0, 1.0] and [0.5, 0.5] are one
+        # mixture, and a checkpoint of one resumes on the others.
+        resolved = [(p.start, p.length, p.x.a.tolist(), None if p.y is None else p.y.a.tolist())
+                    for p in core.plan.pieces]
+        digest = hashlib.sha1(repr((resolved, normalize_seed(core.seed), name, [
             (len(s[name]), getattr(s[name], "view_digest", ""), s[name].kind,
              np.dtype(s[name].dtype).str, tuple(s[name].item_shape)) for s in core.sources]))
             .encode()).hexdigest()[:16]
@@ -941,6 +955,10 @@ def mix(sources: Sequence[Any], weights: Sequence[float] | None = None, *, seed:
         raise LoaderxTypeError("mix() needs a non-empty list of sources (datasets or views, or "
                                "dicts of aligned streams)")
     k = len(sources)
+    if k > MAX_SOURCES:
+        raise LimitExceededError(f"mix() of {k} sources: at most {MAX_SOURCES} (a source's "
+                                 "number is 16 bits in the mixture's tables); concatenate "
+                                 "sources of the same kind first (ConcatDataset) and mix fewer")
     as_dicts = [isinstance(s, Mapping) for s in sources]
     if any(as_dicts) and not all(as_dicts):
         i = as_dicts.index(not as_dicts[0])
@@ -970,6 +988,12 @@ def mix(sources: Sequence[Any], weights: Sequence[float] | None = None, *, seed:
     for key in keys:
         for i, g in enumerate(groups[1:], 1):
             _check_alike(i, key or None, g[key], groups[0][key])
+        check_class_maps(
+            [(f"source {i}" + (f"'s stream {key!r}" if key else ""), class_names_of(g[key]))
+             for i, g in enumerate(groups)], "a mixture",
+            "Convert the sources with one class list (the labels of one remapped onto the "
+            "other's names), or leave the label stream out of the mixture")
+
     if transition not in ("linear", "step"):
         raise LoaderxValueError(f"transition must be 'linear' or 'step', got {transition!r}")
     sched = None
