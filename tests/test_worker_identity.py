@@ -197,3 +197,31 @@ def test_a_mixture_checkpoint_resumes_with_weights_written_otherwise(
     with DataLoader({"x": mix([a, b], [1, 2], seed=4)}, batch_size=8, seed=1,
                     num_workers=0) as loader, pytest.raises(ValueError):
         loader.load_state_dict(state)
+
+
+def test_class_lists_that_extend_one_another_concatenate(tmp_path: pathlib.Path) -> None:
+    """Finding 11: ['cat', 'dog'] and ['cat', 'dog', 'emu'] number every shared class alike."""
+    from loaderx.errors import DatasetError
+    from loaderx.intake import DirectoryWriter, open_dataset
+
+    lists = {"a": ["cat", "dog"], "b": ["cat", "dog", "emu"], "c": ["dog", "cat"],
+             "d": ["cat", "dog", "fox"]}
+    for name, classes in lists.items():
+        with DirectoryWriter(tmp_path / name) as w:
+            w.add_column("label", "dense", np.int64, extra={"classes": classes})
+            w.append({"label": np.array([0, 1])})
+    col = {n: open_dataset(tmp_path / n)["label"] for n in lists}
+    assert len(ConcatDataset([col["a"], col["b"]])) == 4
+    assert len(ConcatDataset([col["b"], col["a"]])) == 4
+    for pair in (("a", "c"), ("b", "d"), ("a", "b", "d")):
+        with pytest.raises(DatasetError, match="another class"):
+            ConcatDataset([col[n] for n in pair])
+
+
+def test_a_schedule_too_tight_for_a_weight_names_the_milestones(tmp_path: pathlib.Path) -> None:
+    """Finding 7: the milestones bound the order's period; the message says so."""
+    from loaderx.errors import LoaderxValueError
+
+    a, b = _values(tmp_path / "a", 30), _values(tmp_path / "b", 17, base=100)
+    with pytest.raises(LoaderxValueError, match="milestones"):
+        mix([a, b], None, schedule=[(0, [1, 1]), (1, [1, 0.01])], batch_size=8)

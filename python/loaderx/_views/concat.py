@@ -79,9 +79,16 @@ def check_class_maps(maps: Sequence[tuple[str, Any]], what: str = "a concatenati
     concatenated (or mixed) -- that number the classes differently: the same label would name
     another class in each. Datasets without class names are not compared."""
     named = [(where, names) for where, names in maps if names is not None]
+    longest = named[0] if named else None
     for where, names in named[1:]:
-        first_where, first = named[0]
-        if list(names) == list(first):
+        assert longest is not None
+        first_where, first = longest
+        m = min(len(names), len(first))
+        if list(names[:m]) == list(first[:m]) and not set(names[m:]) & set(first[:m]) and \
+                not set(first[m:]) & set(names[:m]):
+            # One list extends the other: every class both name has one number.
+            if len(names) > len(first):
+                longest = (where, names)
             continue
         differ = [f"{k} is {a!r} there and {b!r} here"
                   for k, (a, b) in enumerate(zip(first, names, strict=False)) if a != b][:3]
@@ -102,7 +109,7 @@ def class_names_of(ds: Any) -> list[str] | None:
     if isinstance(ds, (DenseDataset, RaggedDataset)):
         return _class_names(ds.path)
     if isinstance(ds, ConcatDataset):
-        return next((c for c in ds._classes if c is not None), None)
+        return max((c for c in ds._classes if c is not None), key=len, default=None)
     base = getattr(ds, "_base", None)  # a Subset names its dataset's classes
     return class_names_of(base) if base is not None else None
 
@@ -123,8 +130,9 @@ class ConcatDataset:
     differently (an image folder's ``label``: each folder numbers its own classes) are refused
     with a DatasetError naming the classes that differ -- the same number would mean another
     class in each part. :func:`loaderx.intake.append_dataset` appends one dataset to another
-    with the class names mapped onto one numbering. Parts with the same class names, or
-    without any, concatenate as they are.
+    with the class names mapped onto one numbering. Parts with the same class names, lists
+    that extend one another (``['cat', 'dog']`` and ``['cat', 'dog', 'emu']``: every class
+    both name has one number), or without any, concatenate as they are.
 
     A part may be a :class:`~loaderx.subset.Subset` of a dataset (or of a concatenation):
     ``ConcatDataset([RaggedDataset(a), RaggedDataset(b).subset(idx)])`` is then the

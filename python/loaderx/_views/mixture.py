@@ -147,6 +147,15 @@ def _table(w: list[int | float], divides: int | None, what: str,
     total = float(sum(w))
     for i, (x, n) in enumerate(zip(w, a.tolist(), strict=True)):
         if x > 0 and n == 0:
+            if divides is not None and divides < 1 / (x / total):
+                # The schedule's milestones bound the period: they are the cause.
+                raise LoaderxValueError(
+                    f"{what}: source {i}'s weight is {x / total:.3g} of the total, but the "
+                    f"schedule's milestones allow an order of at most {divides} rows (every "
+                    "milestone's row, step x batch_size -- and half of each linear "
+                    f"transition -- must be a multiple of it), so it gets no row: place the "
+                    f"milestones at steps whose rows share a larger factor (at least "
+                    f"{math.ceil(total / x)} rows), or raise the weight")
             raise LoaderxValueError(
                 f"{what}: source {i}'s weight is {x / total:.3g} of the total, below the "
                 f"1/{int(a.sum())} this mixture resolves; raise it or leave the source out")
