@@ -14,6 +14,7 @@ from loaderx._store import schema as _schema
 from loaderx._views.gather import (
     _BATCH_INDEX,
     _dense_gather,
+    _dense_item,
     _indices,
     _one_index,
     _ragged_layout,
@@ -24,7 +25,6 @@ from loaderx._views.subset import Subset
 from loaderx.errors import (
     CorruptStoreError,
     DatasetError,
-    LoaderxIndexError,
     LoaderxValueError,
     StoreChangedError,
 )
@@ -264,19 +264,7 @@ class DenseDataset(_StoreView):
             out = self._batch(idx)
             if out is not None:
                 return out
-        if isinstance(idx, tuple):
-            if not idx:
-                raise LoaderxIndexError("an empty tuple is not a dataset index")
-            head = self[idx[0]]
-            rest = idx[1:]
-            return head[rest] if _one_index(idx[0], len(self)) is not None \
-                else head[(slice(None), *rest)]
-        one = _one_index(idx, len(self))
-        if one is not None:
-            return self.gather(np.array([one], dtype=np.uint64))[0]
-        flat = _indices(idx, len(self))
-        out = self.gather(flat.reshape(-1))
-        return out.reshape(flat.shape + self.item_shape)
+        return _dense_item(self, idx)
 
     def _batch(self, idx: np.ndarray) -> np.ndarray | None:
         """The common case of a batch -- a 1-D int64 or uint64 array -- on the shortest path:

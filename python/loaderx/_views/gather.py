@@ -95,6 +95,26 @@ def _batch_buffer(nbytes: int) -> np.ndarray:
     return aligned_empty(nbytes)
 
 
+def _dense_item(view: Any, idx: Any) -> Any:
+    """``view[idx]`` of a dense view (a :class:`DenseDataset`, a column of a column group):
+    one record for an integer (a NumPy scalar when records are scalars), an array of records
+    for a slice, a list, an integer array or a boolean mask; a tuple indexes further into the
+    records, as NumPy does."""
+    if isinstance(idx, tuple):
+        if not idx:
+            raise LoaderxIndexError("an empty tuple is not a dataset index")
+        head = view[idx[0]]
+        rest = idx[1:]
+        return head[rest] if _one_index(idx[0], len(view)) is not None \
+            else head[(slice(None), *rest)]
+    one = _one_index(idx, len(view))
+    if one is not None:
+        return view.gather(np.array([one], dtype=np.uint64))[0]
+    flat = _indices(idx, len(view))
+    out = view.gather(flat.reshape(-1))
+    return out.reshape(flat.shape + view.item_shape)
+
+
 def _dense_gather(view: Any, idxs: Any, out: np.ndarray | None) -> np.ndarray:
     """The ``gather`` of every dense view (a :class:`DenseDataset`, a dense
     :class:`~loaderx.concat.ConcatDataset`): checks the indices and ``out`` (or allocates it

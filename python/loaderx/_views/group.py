@@ -33,11 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from loaderx._store import schema as _schema
-from loaderx._views.gather import (
-    _dense_gather,
-    _indices,
-    _one_index,
-)
+from loaderx._views.gather import _dense_gather, _dense_item, _indices
 from loaderx._views.subset import Subset
 from loaderx.errors import (
     CorruptStoreError,
@@ -367,19 +363,7 @@ class GroupColumn:
 
     def __getitem__(self, idx: Any) -> Any:
         """As :meth:`loaderx.dataset.DenseDataset.__getitem__`."""
-        if isinstance(idx, tuple):
-            if not idx:
-                raise LoaderxIndexError("an empty tuple is not a dataset index")
-            head = self[idx[0]]
-            rest = idx[1:]
-            return head[rest] if _one_index(idx[0], len(self)) is not None \
-                else head[(slice(None), *rest)]
-        one = _one_index(idx, len(self))
-        if one is not None:
-            return self.gather(np.array([one], dtype=np.uint64))[0]
-        flat = _indices(idx, len(self))
-        out = self.gather(flat.reshape(-1))
-        return out.reshape(flat.shape + self.item_shape)
+        return _dense_item(self, idx)
 
     def __getitems__(self, idxs: Sequence[int]) -> np.ndarray:
         return self.gather(_indices(idxs, len(self)).reshape(-1))
