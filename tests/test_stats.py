@@ -625,3 +625,26 @@ def test_the_read_advice_follows_the_streams(streams, tmp_path):
     with DataLoader(streams, batch_size=32, num_workers=1) as loader:
         take(loader, 3)
         assert "per-record cost" in (loader.stats().read_advice or "")
+
+
+@pytest.mark.parametrize(("worker_cores", "advice"), [(0.05, "raise num_workers"),
+                                                       (1.0, "use worker_mode='process'")])
+def test_a_waiting_transform_is_told_more_threads_not_processes(worker_cores, advice,
+                                                               monkeypatch):
+    """Thread workers whose transform waits with the GIL released (0.05 cores) need more
+    threads; those together on one core hold the GIL (issue 48, finding 10)."""
+    import dataclasses
+
+    monkeypatch.setattr(stats, "gil_enabled", lambda: True)
+    base = LoaderStats.off("thread", 4).since_last
+    hist = Stage(count=100, total=0.9, mean=0.009, p50=0.009, p99=0.01, largest=0.01, timed=100)
+    idle = Stage(count=100, total=0.0, mean=0.0, p50=0.0, p99=0.0, largest=0.0, timed=100)
+    p = dataclasses.replace(
+        base, seconds=1.0, batches=100, built=100, waited=0.9, workers=4, busy=0.95, cores=2,
+        cores_busy=worker_cores + 0.05, worker_cores=worker_cores, mode="thread",
+        machine_busy=0.1, stages={**base.stages, "sample": idle, "read": idle, "handoff": idle,
+                                  "transform": hist})
+    v = stats.judge(p)
+    assert v.limit == "transform" and v.advice == advice, v.text
+    if worker_cores < 0.5:
+        assert "waits" in v.text and "GIL" not in v.text

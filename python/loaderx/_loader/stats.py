@@ -84,6 +84,7 @@ CORES_BUSY = 0.80       # this fraction of the usable cores busy: the CPU is the
 WORKERS_BUSY = 0.70     # workers busy at least this fraction of the time: they are the limit
 FROM_DEVICE = 0.50      # at least this fraction of the batches read from the device
 GIL_CORES = 1.30        # thread workers together on at most this many cores: the GIL
+GIL_HELD_CORES = 0.60   # ... and at least this many: below, they wait with the GIL released
 MACHINE_BUSY = 0.90     # the whole machine this busy (other processes too): the CPU is the limit
 
 
@@ -812,10 +813,12 @@ def judge(p: Period, read: str | None = None) -> Verdict:
           workers, or the whole machine :data:`MACHINE_BUSY` busy: the limit's stage is the
           limit (make it cheaper; for the read, ``read`` says how, from the streams: see
           :func:`read_advice`);
-       e. thread workers (2 or more) with the GIL on, together on at most :data:`GIL_CORES`
-          cores, the transform the limit: the transform holds the GIL -- use
+       e. thread workers (2 or more) with the GIL on, together on :data:`GIL_HELD_CORES` to
+          :data:`GIL_CORES` cores, the transform the limit: the transform holds the GIL -- use
           ``worker_mode="process"``;
-       f. else the cores are not all busy: raise ``num_workers``.
+       f. else the cores are not all busy: raise ``num_workers`` (a transform that waits --
+          sleeps, the network, a device -- with the GIL released, its threads on almost no
+          core, is said to wait: more threads keep more waits in flight).
     """
     if p.batches < 3:
         return Verdict(None, None, "", f"too few batches to judge ({p.batches} since the "
@@ -857,12 +860,19 @@ def judge(p: Period, read: str | None = None) -> Verdict:
                 f"{advice}")
         return Verdict(True, limit, advice, text)
     if (p.mode == "thread" and p.workers >= 2 and limit == "transform" and p.cores >= 2
-            and p.worker_cores is not None and p.worker_cores <= GIL_CORES and gil_enabled()):
+            and p.worker_cores is not None
+            and GIL_HELD_CORES <= p.worker_cores <= GIL_CORES and gil_enabled()):
         advice = "use worker_mode='process'"
         text = (f"{head}{what}, but {p.workers} threads used {p.worker_cores:.1f} cores: the "
                 f"transform holds the GIL; {advice}")
         return Verdict(True, limit, advice, text)
     advice = "raise num_workers"
+    if limit == "transform" and p.worker_cores is not None and p.workers and \
+            p.worker_cores < GIL_HELD_CORES:
+        text = (f"{head}{what}, but {p.workers} worker(s) used {p.worker_cores:.1f} cores: the "
+                f"transform waits (sleep, I/O) rather than computes; {advice} -- more "
+                "workers keep more waits in flight")
+        return Verdict(True, limit, advice, text)
     text = f"{head}{what}; {cores or 'the cores are not all busy'}: {advice}"
     return Verdict(True, limit, advice, text)
 
