@@ -225,3 +225,19 @@ def test_a_schedule_too_tight_for_a_weight_names_the_milestones(tmp_path: pathli
     a, b = _values(tmp_path / "a", 30), _values(tmp_path / "b", 17, base=100)
     with pytest.raises(LoaderxValueError, match="milestones"):
         mix([a, b], None, schedule=[(0, [1, 1]), (1, [1, 0.01])], batch_size=8)
+
+
+def test_a_truncating_first_fit_view_warns_once_not_per_worker(tmp_path: pathlib.Path) -> None:
+    """Finding 14: the view warns where it is made; its copies in workers do not."""
+    import pickle
+    import warnings
+
+    from loaderx.errors import TruncationWarning
+
+    from_iterator(tmp_path / "d", [np.arange(n, dtype=np.int32) for n in (3, 40, 5, 50)])
+    with pytest.warns(TruncationWarning):
+        view = pack(RaggedDataset(tmp_path / "d"), 16, method="first_fit")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TruncationWarning)
+        copy = pickle.loads(pickle.dumps(view))
+    np.testing.assert_array_equal(copy[:], view[:])

@@ -299,7 +299,7 @@ class PackedDataset:
 
     def __init__(self, docs: Any, seq_len: int, *, method: Method = "concat", seed: Any = 0,
                  eos_id: int | None = None, pad_id: int = 0, truncate: bool | None = None,
-                 repack: bool = False) -> None:
+                 repack: bool = False, _warned: bool = False) -> None:
         if isinstance(seq_len, (bool, np.bool_)) or not isinstance(seq_len, (int, np.integer)):
             raise LoaderxValueError(f"seq_len must be a positive int, got {seq_len!r}")
         if seq_len <= 0:
@@ -349,7 +349,7 @@ class PackedDataset:
                     f"seq_len={self._seq_len} (the longest: {plan.longest} tokens"
                     f"{', its end token counted' if eos else ''}); pass truncate=True to "
                     "cut them, or a larger seq_len")
-            if plan.truncated and self._truncate is None:
+            if plan.truncated and self._truncate is None and not _warned:
                 warnings.warn(
                     f"first_fit cut {plan.truncated} of {len(documents.lengths)} documents to "
                     f"seq_len={self._seq_len} (the longest: {plan.longest} tokens"
@@ -843,8 +843,10 @@ def _repack(docs: Any, seq_len: int, method: Method, seed: Any, eos_id: int | No
             docs_len: int | None = None) -> PackedDataset:
     if docs_len is not None:  # the documents the view was built on, not those appended since
         docs = pinned_to(docs, docs_len, "the packed view's documents")
+    # Built (and warned of what it cut) where it was pickled: a worker's copy, rebuilt for
+    # each job, does not warn again.
     return PackedDataset(docs, seq_len, method=method, seed=seed, eos_id=eos_id,
-                         pad_id=pad_id, truncate=truncate, repack=repack)
+                         pad_id=pad_id, truncate=truncate, repack=repack, _warned=True)
 
 
 def _pass_seed(seed: Any, p: int) -> int:
