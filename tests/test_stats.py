@@ -463,6 +463,8 @@ def dataset(tmp_path):
         "    return {'x': batch['data'] * 2, 'y': batch['label']}\n"
         "def boom(batch):\n"
         "    raise ValueError('bad batch on purpose')\n"
+        "def quits(batch):\n"
+        "    raise SystemExit(3)\n"
         "not_callable = 3\n"
         "import threading\n"
         "def in_loader_only(batch):\n"
@@ -545,6 +547,8 @@ def test_cli_profile_runs(dataset):
     ("tfmod", "expected module:function"),
     ("tfmod:not_callable", "not a function"),
     ("tfmod:boom", "raised ValueError: bad batch on purpose"),
+    ("tfmod:quits", "raised SystemExit(3): it exited instead of returning the batch"),
+    ("builtins:exit", "raised SystemExit(a dict)"),
 ])
 def test_cli_profile_bad_transforms(dataset, spec, words):
     work = dataset / "work"

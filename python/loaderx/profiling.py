@@ -373,13 +373,26 @@ def _transform_ceiling(streams: dict[str, Any], batch_size: int, transform: Call
 
     try:
         call(0)
+    except SystemExit as e:
+        raise ProfileError(_exited(name, e)) from None
     except Exception as e:
         raise ProfileError(f"the transform {name} raised {type(e).__name__}: {e} (on the first "
                            "batch, before any loader ran)") from e
     try:
         return _best_rate(call, seconds)
+    except SystemExit as e:
+        raise ProfileError(_exited(name, e)) from None
     except Exception as e:
         raise ProfileError(f"the transform {name} raised {type(e).__name__}: {e}") from e
+
+
+def _exited(name: str, e: SystemExit) -> str:
+    """What a transform that called ``exit()`` (or ``sys.exit``) did, without its argument's
+    text (``exit(batch)`` would print the whole batch)."""
+    what = e.code if e.code is None or isinstance(e.code, int) else \
+        f"a {type(e.code).__name__}"
+    return (f"the transform {name} raised SystemExit({what}): it exited instead of returning "
+            "the batch; a transform returns what the training step takes")
 
 
 def _on_a_thread(function: Callable[..., float], *args: Any) -> float:
