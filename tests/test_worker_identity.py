@@ -241,3 +241,14 @@ def test_a_truncating_first_fit_view_warns_once_not_per_worker(tmp_path: pathlib
         warnings.simplefilter("error", TruncationWarning)
         copy = pickle.loads(pickle.dumps(view))
     np.testing.assert_array_equal(copy[:], view[:])
+
+
+def test_the_endless_last_step_milestone_keeps_its_weights(tmp_path: pathlib.Path) -> None:
+    """Finding 12: [1, 1, 1] after the last milestone of a step schedule draws a third each,
+    within a row, not rounded to the milestones' period."""
+    srcs = [_values(tmp_path / f"s{i}", 50 + i, base=100 * i) for i in range(3)]
+    m = mix(srcs, None, schedule=[(0, [1, 0, 0]), (10, [1, 1, 1])], transition="step",
+            batch_size=8)
+    start, n = 80, 3_000_000
+    got = np.array(m.counts(start + n)) - np.array(m.counts(start))
+    assert (np.abs(got - n // 3) <= 1).all(), got

@@ -895,7 +895,10 @@ def _build(sources: list[dict[str, Any]], weights: Any, seed: Any, schedule: Any
         rows = [s * batch_size for s in steps]
         linear = transition == "linear"
         divides = schedule_period(rows, linear)
-        ts = [_table(w, divides, f"schedule[{i}]", tables) for i, w in enumerate(ws)]
+        # The last milestone of a step schedule holds for ever: no piece ends after it, so its
+        # period divides nothing and its weights are kept as exactly as they can be.
+        ts = [_table(w, None if not linear and i == len(ws) - 1 else divides,
+                     f"schedule[{i}]", tables) for i, w in enumerate(ws)]
         for i in range(1, len(rows)):
             if linear and rows[i] - rows[i - 1] > MAX_TRANSITION and \
                     ts[i].a.tolist() != ts[i - 1].a.tolist():
