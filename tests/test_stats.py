@@ -652,3 +652,14 @@ def test_a_waiting_transform_is_told_more_threads_not_processes(worker_cores, ad
     assert v.limit == "transform" and v.advice == advice, v.text
     if worker_cores < 0.5:
         assert "waits" in v.text and "GIL" not in v.text
+
+
+def test_profile_of_a_mixture_runs(streams):
+    """Issue 48, finding 8: a mixture refuses mode='iid', so its profile reads its order."""
+    from loaderx import mix
+
+    m = mix([streams["x"], streams["x"].subset(np.arange(500))], [3, 1])
+    report = profiling.profile({"x": m}, batch_size=32, workers=[1], modes=["thread"],
+                               seconds=0.2)
+    assert all(r.error is None for r in report.runs), report.table()
+    assert report.gather_ceiling is not None and report.gather_ceiling > 0

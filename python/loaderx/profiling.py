@@ -312,6 +312,15 @@ def _worker_counts(cores: int) -> list[int]:
     return counts
 
 
+def _mode(streams: dict[str, Any]) -> str:
+    """The sampling mode a profile's loaders use: random rows (``iid``: the gathers' usual
+    cost), but for streams that define the order themselves (mixtures), whose loader reads
+    their positions in turn and refuses any other mode."""
+    if any(getattr(ds, "defines_order", False) for ds in streams.values()):
+        return "cyclic"
+    return "iid"
+
+
 def _gather_ceiling(streams: dict[str, Any], batch_size: int, seconds: float) -> float:
     """Batches per second of the store gathers alone, on this thread (no loader)."""
     from loaderx._loader.batch import Builder, EndlessRows, Job
@@ -359,7 +368,7 @@ def _transform_ceiling(streams: dict[str, Any], batch_size: int, transform: Call
     wants_ctx = _wants_ctx(transform)
     maker = ContextMaker(0, None, 0, 1)
     with DataLoader(streams, batch_size=batch_size, num_workers=0, stats=False,
-                    mode="iid") as loader:
+                    mode=_mode(streams)) as loader:
         batches = [(step, loader.batch_indices(step), next(loader)) for step in range(4)]
     positions = np.arange(batch_size, dtype=np.int64)
 
@@ -424,7 +433,7 @@ def _run(streams: dict[str, Any], batch_size: int, transform: Callable[..., Any]
     if mode == "process":
         kw["start_method"] = start_method
     with DataLoader(streams, batch_size=batch_size, num_workers=workers, worker_mode=mode,
-                    mode="iid", stats=True, **kw) as loader:
+                    mode=_mode(streams), stats=True, **kw) as loader:
         began = time.perf_counter()
         next(loader)
         startup = time.perf_counter() - began
