@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -312,7 +312,7 @@ def _worker_counts(cores: int) -> list[int]:
     return counts
 
 
-def _mode(streams: dict[str, Any]) -> str:
+def _mode(streams: dict[str, Any]) -> Literal["iid", "cyclic"]:
     """The sampling mode a profile's loaders use: random rows (``iid``: the gathers' usual
     cost), but for streams that define the order themselves (mixtures), whose loader reads
     their positions in turn and refuses any other mode."""
