@@ -175,8 +175,8 @@ def test_batches_match_threads_with_ragged_stream_and_ctx(root, workers):
         assert take(loader, 12) == want
         assert len(loader.worker_pids) == workers
         if workers:
-            # A module-level transform pickles: auto chooses forkserver.
-            assert loader.start_method == "forkserver"
+            # Auto: fork where it is safe (no other Python thread, no CUDA), else forkserver.
+            assert loader.start_method in ("fork", "forkserver")
             assert all(helpers.alive(p) for p in loader.worker_pids)
 
 
@@ -1178,7 +1178,7 @@ from loaderx import DataLoader, DenseDataset
 from multiprocessing import forkserver
 streams = {"y": DenseDataset(os.path.join(sys.argv[1], "y"))}
 loader = DataLoader(streams, batch_size=6, num_workers=2, worker_mode="process",
-                    transform=probe_transform.where)
+                    start_method="forkserver", transform=probe_transform.where)
 server_at_construction = forkserver._forkserver._forkserver_pid is not None
 with loader:
     batches = [next(loader) for _ in range(4)]
@@ -1389,3 +1389,42 @@ def test_the_endless_stream_takes_over_a_finished_pass_s_workers(root):
         labels, first, pids = run(loader)
         assert pids == set(parked) and loader._parking.parked_pids == []
         assert labels == want_labels and first == want_first
+
+
+START_CHOICE = """
+import json, os, sys, threading, warnings
+warnings.simplefilter("error", DeprecationWarning)  # the user never sees fork's warning
+import _process_helpers as helpers
+from loaderx import DataLoader, DenseDataset
+case = sys.argv[2]
+if case == "torch":
+    import torch
+    model = torch.nn.Linear(8, 8)  # a model on the CPU: no CUDA context
+    model(torch.zeros(1, 8))
+stop = threading.Event()
+if case == "thread":
+    threading.Thread(target=stop.wait, daemon=True).start()
+streams = {"x": DenseDataset(os.path.join(sys.argv[1], "x")),
+           "y": DenseDataset(os.path.join(sys.argv[1], "y"))}
+with DataLoader(streams, batch_size=6, num_workers=0, transform=helpers.augment,
+                seed=3) as reference:
+    want = [next(reference)["y"].tolist() for _ in range(3)]
+with DataLoader(streams, batch_size=6, num_workers=2, worker_mode="process",
+                transform=helpers.augment, seed=3) as loader:
+    got = [next(loader)["y"].tolist() for _ in range(3)]
+    method, reported = loader.start_method, loader.stats().start_method
+stop.set()
+print(json.dumps({"method": method, "reported": reported, "same": got == want}))
+"""
+
+
+@pytest.mark.parametrize(("case", "method"), [("plain", "fork"), ("thread", "forkserver"),
+                                              ("torch", "fork")])
+def test_auto_forks_where_it_is_safe_and_says_so(root, case, method):
+    """Issue 48, section 3: fork when no other Python thread runs and no CUDA context exists
+    (torch imported and a model built on the CPU is safe), forkserver otherwise; the choice is
+    loader.start_method and in stats(); no DeprecationWarning reaches the user."""
+    if case == "torch":
+        pytest.importorskip("torch")
+    out = run_child(START_CHOICE, str(root), case)
+    assert out == {"method": method, "reported": method, "same": True}, out

@@ -94,8 +94,9 @@ without a copy or a pickle; anything else is pickled. The batches, their order, 
 checkpoints, passes and shards are those of the thread loader. A worker's exception reaches
 the consumer with its type and message and the worker's traceback as its ``__cause__``; a
 worker that dies (killed, out of memory) is a :class:`~loaderx.errors.WorkerError` naming it
-and its step. ``start_method`` picks how workers start (default: ``"forkserver"`` when the
-streams and the transform pickle, else ``"fork"``; see :mod:`loaderx.workers.start`). For a
+and its step. ``start_method`` picks how workers start (default: ``"fork"`` when forking is
+safe -- no other Python thread, no CUDA context -- else ``"forkserver"``; see
+:mod:`loaderx.workers.start`; ``loader.start_method`` and ``stats()`` say which ran). For a
 transform that releases the GIL (NumPy on whole batches, a gather alone, Pillow's decode)
 threads cost less: the process handoff costs tens of microseconds per batch.
 
@@ -247,8 +248,9 @@ class DataLoader:
       ``prefetch_size`` with ``num_workers=0``, else ``0``: off).
     * ``worker_mode`` -- ``"thread"`` (default) or ``"process"``: worker processes, for
       transforms that hold the GIL (see the module documentation).
-    * ``start_method`` -- how worker processes start: None or ``"auto"`` (forkserver when the
-      streams and the transform pickle, else fork), ``"fork"``, ``"forkserver"``, ``"spawn"``.
+    * ``start_method`` -- how worker processes start: None or ``"auto"`` (fork when forking is
+      safe: no other Python thread runs, no CUDA context exists; else forkserver, with the
+      transform's module preloaded), ``"fork"``, ``"forkserver"``, ``"spawn"``.
     * ``stats`` -- record where the time goes, for :meth:`stats` (default on: a few clock
       reads per batch; ``LOADERX_STATS=0`` turns the default off; see :mod:`loaderx._loader.stats`).
 
@@ -755,10 +757,11 @@ def _stop_all(pipe: Any, parking: Parking) -> None:
 
 def _snapshot(pipe: Any, mode: str, workers: int, streams: Mapping[str, Any]) -> LoaderStats:
     collector = pipe.collector
+    method = getattr(pipe, "start_method", None)
     if collector is None:
-        return LoaderStats.off(mode, workers)
+        return dataclasses.replace(LoaderStats.off(mode, workers), start_method=method)
     snapshot: LoaderStats = collector.snapshot()
-    return dataclasses.replace(snapshot, read_advice=read_advice(streams))
+    return dataclasses.replace(snapshot, read_advice=read_advice(streams), start_method=method)
 
 
 def _check_companion_names(streams: Mapping[str, Any]) -> set[str]:

@@ -898,6 +898,9 @@ class LoaderStats:
     notes: tuple[str, ...] = field(default=())
     #: What to change when the read is the limit (:func:`read_advice` of the loader's streams).
     read_advice: str | None = None
+    #: How the worker processes started (``"fork"``, ``"forkserver"``, ``"spawn"``); None for
+    #: threads, or before they start.
+    start_method: str | None = None
 
     @staticmethod
     def off(mode: str, workers: int) -> LoaderStats:
@@ -920,7 +923,8 @@ class LoaderStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "worker_mode": self.worker_mode,
-                "num_workers": self.num_workers, "startup": self.startup,
+                "num_workers": self.num_workers, "start_method": self.start_method,
+                "startup": self.startup,
                 "since_start": self.since_start.as_dict(),
                 "since_last": self.since_last.as_dict(), "summary": self.summary()}
 

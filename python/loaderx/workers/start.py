@@ -2,15 +2,20 @@
 
 ``start_method=None`` ("auto") chooses, in order:
 
-* ``"forkserver"`` when the streams and the transform pickle and the transform can be found
-  by a fresh interpreter (not a function of an interactive session's ``__main__``): each worker
-  is forked from a small server process that imported only NumPy and loaderx, so it inherits
-  none of the training process's memory, threads or CUDA state -- nothing to grow by
-  copy-on-write, nothing half-locked;
-* ``"fork"`` otherwise, for a lambda or a closure as the transform, when no other Python
-  thread runs (native pools -- loaderx's, OpenBLAS's -- are fork-aware: loaderx builds a new
-  pool in the child, OpenBLAS resets its own); the worker freezes what it inherited out of
-  the garbage collector's reach (``gc.freeze``), so that collections do not copy those pages;
+* ``"fork"`` when forking is safe (:func:`fork_is_safe`): no other Python thread runs (a
+  lock another thread holds would stay locked in the child for ever), no CUDA context exists
+  (``torch.cuda.is_initialized()``: a forked child cannot use it, and touching it hangs or
+  fails) and JAX's runtime has not started. Native pools -- loaderx's, OpenBLAS's, OpenMP's --
+  are fork-aware: loaderx builds a new pool in the child, OpenBLAS and GNU OpenMP reset their
+  own. Fork starts the workers at once with everything the script imported (its transform's
+  module too: nothing to import again), as torch's ``DataLoader`` does; the worker freezes
+  what it inherited out of the garbage collector's reach (``gc.freeze``), so that collections
+  do not copy those pages;
+* ``"forkserver"`` otherwise, when the streams and the transform pickle and the transform can
+  be found by a fresh interpreter (not a function of an interactive session's ``__main__``):
+  each worker is forked from a small server process that imported NumPy, loaderx and the
+  transform's module (preloaded once), so it inherits none of the training process's
+  threads or CUDA state;
 * else a :class:`~loaderx.errors.LoaderxTypeError` that names the fix (a module-level
   transform, or ``start_method="fork"`` at the caller's own risk).
 
@@ -29,8 +34,8 @@ from typing import Any
 from loaderx._loader.host import gil_enabled, usable_cores
 from loaderx.errors import LoaderxTypeError, LoaderxValueError
 
-__all__ = ["METHODS", "choose", "default_workers", "gil_enabled", "likely_forkserver",
-           "usable_cores"]
+__all__ = ["METHODS", "choose", "default_workers", "fork_is_safe", "gil_enabled",
+           "likely_forkserver", "usable_cores"]
 
 METHODS = ("fork", "forkserver", "spawn")
 
@@ -53,6 +58,23 @@ def _other_python_threads() -> bool:
     return any(t is not me for t in threading.enumerate())
 
 
+def fork_is_safe() -> tuple[bool, str]:
+    """Whether forking this process now is safe, and if not, why (see the module docs)."""
+    if _other_python_threads():
+        return False, "another Python thread runs"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                return False, "CUDA is initialized in this process (torch.cuda)"
+        except Exception:  # a torch without CUDA support, or half-imported: no context
+            pass
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if bridge is not None and getattr(bridge, "_backends", None):
+        return False, "JAX's runtime is started in this process"
+    return True, ""
+
+
 def _not_importable(transform: Any) -> bool:
     """Whether ``transform`` lives in a ``__main__`` that a fresh interpreter cannot import
     (an interactive session or a notebook)."""
@@ -71,23 +93,26 @@ def likely_forkserver(requested: Any, transform: Any) -> bool:
         return True
     return (requested is None or requested == "auto") \
         and "forkserver" in multiprocessing.get_all_start_methods() \
-        and not _not_importable(transform)
+        and not _not_importable(transform) and not fork_is_safe()[0]
 
 
 def choose(requested: Any, job: tuple[Any, ...], transform: Any) -> tuple[str, bytes | None]:
     """The start method, and ``job`` pickled (None for ``fork``, which inherits it)."""
     if requested is None or requested == "auto":
+        can_fork = "fork" in multiprocessing.get_all_start_methods()
+        safe, unsafe = fork_is_safe()
+        if can_fork and safe:
+            return "fork", None
         payload, why = _pickled(job, transform)
         if payload is not None:
             method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() \
                 else "spawn"
             return method, payload
-        if "fork" in multiprocessing.get_all_start_methods() and not _other_python_threads():
-            return "fork", None
         raise LoaderxTypeError(
-            f"worker processes cannot be started: {why}, and this process runs other Python "
-            "threads, so forking it is not safe; define the transform (and what it uses) at "
-            "module level in an importable module, or pass start_method='fork' to fork anyway")
+            f"worker processes cannot be started: {why}, and forking this process is not "
+            f"safe now ({unsafe or 'fork is not available here'}); define the transform (and "
+            "what it uses) at module level in an importable module, or pass "
+            "start_method='fork' to fork anyway")
     if requested not in METHODS:
         raise LoaderxValueError(f"start_method must be None, 'auto', or one of {METHODS}, got "
                                 f"{requested!r}")
