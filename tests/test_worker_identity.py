@@ -252,3 +252,21 @@ def test_the_endless_last_step_milestone_keeps_its_weights(tmp_path: pathlib.Pat
     start, n = 80, 3_000_000
     got = np.array(m.counts(start + n)) - np.array(m.counts(start))
     assert (np.abs(got - n // 3) <= 1).all(), got
+
+
+def test_a_file_name_column_on_one_side_says_why(tmp_path: pathlib.Path) -> None:
+    """Finding 9: an encoded column's '.path' exists only where some row had a file name; an
+    append where one side lacks it says so, and what to do."""
+    from loaderx.errors import DatasetError
+    from loaderx.intake import DirectoryWriter, append_dataset
+
+    for name, with_paths in (("a", True), ("b", False)):
+        with DirectoryWriter(tmp_path / name) as w:
+            w.add_column("image", "ragged", np.uint8, extra={"encoded": "image"})
+            if with_paths:
+                w.add_column("image.path", "ragged", np.uint8, extra={"string": True})
+            w.append({"image": [b"\\x89PNG"], **({"image.path": [b"x.png"]} if with_paths
+                                                  else {})})
+    for dst, src in (("a", "b"), ("b", "a")):
+        with pytest.raises(DatasetError, match="null in every one of its rows"):
+            append_dataset(tmp_path / dst, tmp_path / src)

@@ -366,6 +366,17 @@ def _check_columns(dst: str, have: Sequence[Column], src: str, given: Sequence[C
         what = "; ".join(filter(None, [
             f"it lacks the column(s) {missing!r}" if missing else "",
             f"it has the column(s) {unknown!r}, which {dst} lacks" if unknown else ""]))
+        paths = _file_name_columns(missing + unknown, [*have, *given])
+        if paths and len(paths) == len(missing) + len(unknown):
+            lacking = src if missing else dst
+            raise DatasetError(
+                f"{src} cannot be appended to {dst}: {what}. {', '.join(map(repr, paths))} "
+                f"hold(s) the file names of encoded files (a Hugging Face Image, Audio or "
+                f"Video feature's 'path'); {lacking} has none because the path was null in "
+                "every one of its rows, and a column null in every row is left out. Give both "
+                "sides file names (an empty string where there is none: for example "
+                "dataset.cast_column(...) or a map setting the feature's path to '') or "
+                "neither, then convert again")
         raise DatasetError(f"{src} cannot be appended to {dst}: {what}. Every column of a "
                            "dataset gets the new rows: give them exactly its columns "
                            f"({names!r})")
@@ -390,6 +401,13 @@ def _check_columns(dst: str, have: Sequence[Column], src: str, given: Sequence[C
                 f"column {col.name!r}: {named} names its classes and {bare} does not, so its "
                 "labels cannot be matched by name; give both the class names (the manifest's "
                 "'classes') or neither")
+
+
+def _file_name_columns(names: Sequence[str], columns: Sequence[Column]) -> list[str]:
+    """Those of ``names`` that are the ``<name>.path`` column of an encoded file column (see
+    :mod:`loaderx.intake.tables`): present only where some row had a file name."""
+    encoded = {c.name for c in columns if "encoded" in c.extra}
+    return [n for n in names if n.endswith(".path") and n[:-5] in encoded]
 
 
 def _classes(col: Column, where: str) -> list[str]:
