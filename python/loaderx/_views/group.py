@@ -37,11 +37,10 @@ from loaderx._views.gather import _dense_gather, _dense_item, _indices
 from loaderx._views.subset import Subset
 from loaderx.errors import (
     CorruptStoreError,
-    DatasetError,
     LoaderxIndexError,
     StoreChangedError,
 )
-from loaderx.zrecord import MAX_RECORD_BYTES, MAX_RECORDS, Zrecord
+from loaderx.zrecord import MAX_RECORD_BYTES, Zrecord
 
 __all__ = ["ColumnGroup", "GroupColumn", "GroupField", "GroupLayout", "plan_layout",
            "pack_rows", "BLOCK_BYTES", "MAX_GROUP_ROW_BYTES"]
@@ -111,7 +110,10 @@ def pack_rows(layout: GroupLayout, fields: Sequence[GroupField],
 def _field_view(rows: np.ndarray, row_bytes: int, f: GroupField) -> np.ndarray:
     """Field ``f`` of every row of the uint8 rows ``rows`` as a strided, typed view."""
     n = rows.size // row_bytes if row_bytes else 0
-    inner = np.empty(f.item_shape, f.dtype).strides if f.item_shape else ()
+    # The item's own C-order strides, from its shape alone (no array made: this runs per
+    # column per batch).
+    inner = tuple(int(np.prod(f.item_shape[k + 1:], dtype=np.int64)) * f.dtype.itemsize
+                  for k in range(len(f.item_shape)))
     return np.ndarray((n, *f.item_shape), dtype=f.dtype, buffer=rows, offset=f.offset,
                       strides=(row_bytes, *inner))
 
@@ -160,10 +162,6 @@ class ColumnGroup:
     def stores(self) -> list[Zrecord]:
         """The block stores, in row order."""
         return list(self._stores)
-
-    @property
-    def paths(self) -> list[str]:
-        return [s.path for s in self._segments]
 
     @property
     def closed(self) -> bool:
@@ -402,9 +400,3 @@ class GroupColumn:
         return (f"GroupColumn({self.path!r}, {self.field.name!r}, {state}, "
                 f"dtype={self.dtype.str}, item_shape={self.item_shape})")
 
-
-def check_group_rows(rows: int, layout: GroupLayout) -> None:
-    """Refuses a row count that no block store of ``layout`` can hold."""
-    if rows > MAX_RECORDS * layout.block_rows:
-        raise DatasetError(f"{rows} rows exceed a column group's {MAX_RECORDS} blocks of "
-                           f"{layout.block_rows} rows")
