@@ -75,12 +75,23 @@ def augment(batch: dict[str, Any]) -> dict[str, Any]:
     return {"data": batch["data"], "label": batch["label"], "score": out}
 
 
+def pure(batch: dict[str, Any]) -> dict[str, Any]:
+    """A pure-Python per-sample transform (the same code as ``_bench_ft_transform.pure``)."""
+    total = 0
+    for img in batch["data"]:
+        for x in img[::64].tolist():
+            total = (total * 31 + x) % 1_000_003
+    return {"data": batch["data"], "label": batch["label"], "score": total}
+
+
 def transform_of(where: str) -> Any:
+    import _bench_ft_transform as module
+
     if where == "script":
         return augment
-    from _bench_ft_transform import augment as imported
-
-    return imported
+    if where == "script-pure":
+        return pure
+    return module.pure if where == "module-pure" else module.augment
 
 
 # -- the child: one figure ------------------------------------------------------------------------
@@ -276,6 +287,10 @@ for _where in ("script", "module"):
     ROWS += [f"threads {_where} 1", f"threads {_where} 2", f"processes {_where} 2",
              f"bare {_where} 1", f"bare {_where} 2"]
 ROWS += ["torch module 2", "spdl module 1", "spdl module 2"]
+# A pure-Python transform (issue "free-threaded Python: imported transforms"): defined here and
+# imported; on 3.13t each worker thread runs the imported one from its own copy of the module.
+for _where in ("script-pure", "module-pure"):
+    ROWS += [f"threads {_where} 1", f"threads {_where} 2", f"processes {_where} 2"]
 
 
 def probe(py: str, name: str) -> dict[str, Any]:
@@ -419,6 +434,11 @@ def report(rows: list[str], figures: Figures, cpu: Figures, info: dict[str, dict
               f"; 2 threads / 2 processes "
               f"{scale(f'threads {where} 2', f'processes {where} 2')}"
               f"; GIL build 2/1 threads "
+              f"{scale(f'threads {where} 2', f'threads {where} 1', 'GIL')}")
+    for where in ("script-pure", "module-pure"):
+        print(f"  {where}: loader 2/1 threads "
+              f"{scale(f'threads {where} 2', f'threads {where} 1')}; 2 threads / 2 processes "
+              f"{scale(f'threads {where} 2', f'processes {where} 2')}; GIL build 2/1 threads "
               f"{scale(f'threads {where} 2', f'threads {where} 1', 'GIL')}")
     print(f"  loaderx 2 threads / SPDL 2 threads (module): "
           f"{scale('threads module 2', 'spdl module 2')}; SPDL 2/1 threads "

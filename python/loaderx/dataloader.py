@@ -913,6 +913,7 @@ class _Pipeline(Window):
     # -- worker side ---------------------------------------------------------------------------
 
     def _work(self) -> None:
+        self.builder.take_private_transform()  # free-threaded: this thread's own module copy
         cond = self.cond
         collector = self.collector
         # Statistics: this thread's own recorder; `idle_from` is when it last had nothing to do.

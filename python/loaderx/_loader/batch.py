@@ -9,6 +9,7 @@ buffers for the threads, a shared-memory segment for a process.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
@@ -17,6 +18,7 @@ import numpy as np
 
 from loaderx import _native
 from loaderx._loader.context import BatchContext
+from loaderx._loader.private_transform import private_transform
 from loaderx._loader.stats import Clock
 from loaderx._views.gather import _ragged_layout, _ragged_views
 from loaderx.errors import LoaderxTypeError, LoaderxValueError
@@ -94,6 +96,8 @@ class Builder:
                  workers: int, mask_key: str | None = None) -> None:
         self.rows_of = rows_of
         self.transform, self.context = job
+        # A worker thread's own copy of the transform (see private_transform), where it took one.
+        self._own = threading.local()
         self.mask_key = mask_key
         self.workers = workers
         self.streams = [
@@ -124,16 +128,25 @@ class Builder:
             if rows.valid is not None and self.mask_key is not None:
                 batch[self.mask_key] = rows.valid
             stage = "transform"
+            transform = getattr(self._own, "transform", None) or self.transform
             if self.context is None:
-                out = self.transform(batch)
+                out = transform(batch)
             else:
-                out = self.transform(batch, ctx=self.context(step, rows.positions,
-                                                             rows.indices))
+                out = transform(batch, ctx=self.context(step, rows.positions, rows.indices))
         except StopIteration as e:
             # Raised from next() it would silently end the consumer's `for` loop; made a
             # RuntimeError as PEP 479 does for generators.
             raise stop_iteration(e, stage, step) from e
         return self._masked(out, rows)
+
+    def take_private_transform(self) -> None:
+        """Runs this thread's batches with a copy of the transform from a private copy of its
+        module, made here, on a free-threaded interpreter (see
+        :mod:`loaderx._loader.private_transform`); elsewhere, or for a transform that is not
+        a module-level function, nothing changes."""
+        own = private_transform(self.transform)
+        if own is not None:
+            self._own.transform = own
 
     def _masked(self, out: Any, rows: Rows) -> Any:
         if rows.valid is not None and self.mask_key is not None and isinstance(out, dict) \
@@ -164,7 +177,7 @@ class Builder:
             if rows.valid is not None and self.mask_key is not None:
                 batch[self.mask_key] = rows.valid
             stage = "transform"
-            transform = self.transform
+            transform = getattr(self._own, "transform", None) or self.transform
             ctx = (None if self.context is None
                    else self.context(step, rows.positions, rows.indices))
             if trace is None:
