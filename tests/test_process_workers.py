@@ -22,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -1088,7 +1089,14 @@ def test_a_forked_childs_close_leaves_the_parents_loader_alone(root, tmp_path, h
         assert child.stdout.readline().strip() == "waiting"
         below = helpers.descendants(child.pid)
         # A waiting consumer sleeps in poll(); one that spins is (almost) never seen there.
-        samples = [helpers.blocked(child.pid) for _ in range(300)]
+        # "waiting" is printed just before next(): on a loaded machine the consumer may need a
+        # while to get into its wait, so the samples start once it has been seen there, and are
+        # spread over time rather than taken in one burst.
+        helpers.wait_until(lambda: helpers.blocked(child.pid), "the consumer's wait")
+        samples = []
+        for _ in range(300):
+            samples.append(helpers.blocked(child.pid))
+            time.sleep(0.001)
         gate.touch()
         out, err = child.communicate(timeout=HANG)
     finally:
