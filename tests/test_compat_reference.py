@@ -227,7 +227,10 @@ with open(os.path.join(d, "bad", "meta.zr"), "wb") as f:
 code("not a store", lambda: Zrecord(os.path.join(d, "bad"), "raw"))
 code("dictionary training", lambda: z.train_dict(np.zeros(10, np.uint8),
                                                  np.array([10], np.uint64), 4096))
-print(json.dumps(out))
+print(json.dumps(out), flush=True)
+# The reference's interpreter exit crashes now and then here (SIGSEGV after this output, about
+# 1 run in 100, in its finalizers): what this compares is above, so the exit skips them.
+os._exit(0)
 """
 
 
