@@ -61,7 +61,7 @@ def click(tmp_path: pathlib.Path) -> tuple[pa.Table, pathlib.Path, pathlib.Path]
         pq.write_table(table.slice(lo, 7000), files / f"{k}.parquet")
     grouped, plain = tmp_path / "grouped", tmp_path / "plain"
     assert from_arrow(grouped, str(files / "*.parquet"), group_columns=True) == table.num_rows
-    assert from_arrow(plain, str(files / "*.parquet")) == table.num_rows
+    assert from_arrow(plain, str(files / "*.parquet"), group_columns=False) == table.num_rows
     return table, grouped, plain
 
 
@@ -321,3 +321,68 @@ def test_upgrade_rewrites_an_old_directory_in_the_current_layout(
     assert "1000 rows rewritten" in out and "x" in out
     assert not read_manifest(parts).parts
     np.testing.assert_array_equal(open_dataset(parts)["x"][:], np.arange(1000))
+
+
+def test_from_arrow_groups_by_default_and_resume_keeps_a_store_per_column(
+        click: tuple, tmp_path: pathlib.Path) -> None:
+    table, _, _ = click
+    by_default = tmp_path / "default"
+    from_arrow(by_default, table.slice(0, 500))
+    m = read_manifest(by_default)
+    assert m.generation and len(m.groups) == 1
+    assert {c.name for c in m.columns if c.group is None} == {"text"}
+    assert from_arrow(by_default, table.slice(500, 10), append=True) == 510  # in place
+    with pytest.raises(LoaderxValueError, match="resume"):
+        from_arrow(tmp_path / "r", table, group_columns=True, resume=True)
+
+
+def _labelled(path: pathlib.Path, classes: list[str], labels: list[int],
+              grouped: bool = True) -> None:
+    with DirectoryWriter(path, group_columns=grouped, extra={"source": "parquet"}) as w:
+        w.add_column("label", "dense", np.int64, extra={"classes": classes,
+                                                         "counts": [labels.count(k) for k in
+                                                                    range(len(classes))]})
+        w.add_column("x", "dense", np.float32)
+        w.append({"label": np.array(labels, np.int64),
+                  "x": np.arange(len(labels), dtype=np.float32)})
+
+
+def test_an_append_in_place_matches_class_names(tmp_path: pathlib.Path) -> None:
+    """The rows appended number their classes otherwise ("dog" is 0 there, 1 here) and name
+    one more: their labels are renumbered by name, the new class numbered after the others,
+    and the manifest's class list and counts change in the same commit -- as the rebuilding
+    append of a directory without a commit point does."""
+    dst, src = tmp_path / "dst", tmp_path / "src"
+    _labelled(dst, ["cat", "dog"], [0, 1, 1])
+    _labelled(src, ["dog", "cat", "emu"], [0, 1, 2, 2, -1])
+    assert append_dataset(dst, src) == 8
+    label = read_manifest(dst).column("label")
+    assert label.extra["classes"] == ["cat", "dog", "emu"]
+    assert label.extra["counts"] == [2, 3, 2]
+    assert open_dataset(dst)["label"][:].tolist() == [0, 1, 1, 1, 0, 2, 2, -1]
+    assert open_dataset(dst)["x"][:].tolist() == [0, 1, 2, 0, 1, 2, 3, 4]
+    # The same rows appended to a directory without a commit point come out alike.
+    old, plain = tmp_path / "old", tmp_path / "plain"
+    _labelled(old, ["cat", "dog"], [0, 1, 1], grouped=False)
+    _labelled(plain, ["dog", "cat", "emu"], [0, 1, 2, 2, -1], grouped=False)
+    assert append_dataset(old, plain) == 8
+    assert open_dataset(old)["label"][:].tolist() == [0, 1, 1, 1, 0, 2, 2, -1]
+    assert read_manifest(old).column("label").extra == label.extra
+    # A label past the appended rows' own class list has no name: refused, nothing written.
+    bad = tmp_path / "bad"
+    _labelled(bad, ["dog"], [0, 3])
+    with pytest.raises(DatasetError, match="no class name"):
+        append_dataset(dst, bad)
+    assert len(open_dataset(dst)["label"]) == 8
+
+
+def test_from_arrow_appends_to_a_directory_of_the_old_layout(click: tuple) -> None:
+    """A directory of manifest version 1 (a store per column) takes rows converted by
+    from_arrow's default (which groups) as before: they are converted a store per column."""
+    table, _, plain = click
+    n = table.num_rows
+    assert from_arrow(plain, table.slice(0, 33), append=True) == n + 33
+    m = read_manifest(plain)
+    assert not m.groups and not m.generation
+    np.testing.assert_array_equal(open_dataset(plain)["c3"][n:],
+                                  _expected(table, "c3")[:33])

@@ -54,8 +54,17 @@ def table() -> pa.Table:
 
 
 def columns_dir(path: pathlib.Path) -> pa.Table:
+    """A store per column (manifest version 1): what the damage tests below reach into."""
+    t = table()
+    from_arrow(path, t, codec={"text": "zstd"}, progress=False, group_columns=False)
+    return t
+
+
+def grouped_dir(path: pathlib.Path) -> pa.Table:
+    """from_arrow's default: 'id' and 'emb' in one column group."""
     t = table()
     from_arrow(path, t, codec={"text": "zstd"}, progress=False)
+    assert read_manifest(path).groups
     return t
 
 
@@ -69,7 +78,7 @@ def parts_dir(path: pathlib.Path) -> pa.Table:
     return t
 
 
-MAKERS = {"columns": columns_dir, "parts": parts_dir}
+MAKERS = {"columns": columns_dir, "parts": parts_dir, "grouped": grouped_dir}
 
 
 def assert_rows(path: os.PathLike[str] | str, t: pa.Table) -> None:
@@ -104,25 +113,33 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 # -- round trips ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["columns", "parts"])
+@pytest.mark.parametrize("kind", ["columns", "parts", "grouped"])
 def test_verify_copy_pack_unpack_round_trip(tmp_path: pathlib.Path, kind: str) -> None:
     src = tmp_path / "src"
     t = MAKERS[kind](src)
     (src / "notes.txt").write_text("not the dataset's")  # neither copied nor packed
     report = verify(src)
     assert report["kind"] == "dataset" and report["ok"], report
-    assert [c["name"] for c in report["columns"]] == t.column_names
-    assert all(c["records"] == ROWS and c["rows"] == ROWS for c in report["columns"])
+    own = {c["name"]: c for c in report["columns"] if not c["name"].startswith("<")}
+    assert list(own) == t.column_names
+    assert all(c["rows"] == ROWS for c in own.values())
+    # A grouped column's rows are the group's (300 rows: under one block, all in the tail the
+    # manifest keeps); the other columns have a record a row.
+    grouped = [n for n, c in own.items() if c.get("group")]
+    assert grouped == (["id", "emb"] if kind == "grouped" else [])
+    assert all(own[n]["records"] == ROWS for n in own if n not in grouped)
     stores = [s for c in report["columns"] for s in c["stores"]]
-    assert len(stores) == 4 * (len(PART_ROWS) if kind == "parts" else 1)
+    assert len(stores) == (3 if kind == "grouped" else
+                           4 * (len(PART_ROWS) if kind == "parts" else 1))
     if kind == "parts":
         assert [s["rows"] for s in report["columns"][0]["stores"]] == list(PART_ROWS)
         assert report["columns"][0]["stores"][1]["part"] == "parts/00001"
-    assert report["records"] == 4 * ROWS
+    records = (4 - len(grouped)) * ROWS
+    assert report["records"] == records
 
     r = copy(src, tmp_path / "copy")
     assert r["kind"] == "dataset" and r["rows"] == ROWS and r["columns"] == 4
-    assert r["verify"]["failed"] == 0 and r["verify"]["records"] == 4 * ROWS
+    assert r["verify"]["failed"] == 0 and r["verify"]["records"] == records
     assert_rows(tmp_path / "copy", t)
     assert manifests(tmp_path / "copy") == manifests(src)  # byte for byte
     assert not (tmp_path / "copy" / "notes.txt").exists()
@@ -136,7 +153,7 @@ def test_verify_copy_pack_unpack_round_trip(tmp_path: pathlib.Path, kind: str) -
     assert packed["skipped"] == ["notes.txt"]
     assert packed["archive_bytes"] < 1 << 20  # the tables' holes are not in it
     back = unpack(tmp_path / "src.tar.gz", tmp_path / "back")
-    assert back["kind"] == "dataset" and back["records"] == 4 * ROWS
+    assert back["kind"] == "dataset" and back["records"] == records
     assert back["verify"]["failed"] == 0
     assert_rows(tmp_path / "back", t)
     assert manifests(tmp_path / "back") == manifests(src)

@@ -614,7 +614,7 @@ def test_the_read_advice_follows_the_streams(streams, tmp_path):
     from loaderx.intake import DirectoryWriter, open_dataset
 
     advice = stats.read_advice(streams)
-    assert "per-record cost" in advice and "group_columns=True" in advice
+    assert "per-record cost" in advice and "loaderx upgrade DIR" in advice
     with DirectoryWriter(tmp_path / "g", group_columns=True) as w:
         w.add_column("a", "dense", np.int64)
         w.add_column("b", "dense", np.float32, (3,))

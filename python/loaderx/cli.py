@@ -478,6 +478,9 @@ def _verify_dataset_directory(args: argparse.Namespace) -> int:
         return status
     listed = 0
     for col in report["columns"]:
+        if not col["stores"] and col.get("group"):  # its rows are checked with its group's
+            print(f"column {col['name']!r}: in {col['group']}")
+            continue
         if not report["parts"]:
             store = col["stores"][0]
             print(f"column {col['name']!r} ({store['path']}): {_counts(store)}")
@@ -506,7 +509,8 @@ def _verify_dataset_directory(args: argparse.Namespace) -> int:
         faults.append(f"{len(report['problems'])} problem(s) with its parts")
     parts = f" in {len(report['parts'])} parts" if report["parts"] else ""
     found = "; ".join(faults) if faults else "nothing damaged, every store as the manifest says"
-    print(f"{args.store}: a dataset directory of {len(report['columns'])} columns and "
+    own = [c for c in report["columns"] if not c["name"].startswith("<column group")]
+    print(f"{args.store}: a dataset directory of {len(own)} columns and "
           f"{report['rows']} rows{parts}; {report['records']} records decoded, "
           f"{report['checked']} checked against checksums, {report['unchecked']} without one; "
           f"{found}; {_scope(report)}", file=sys.stderr if status else sys.stdout)

@@ -783,8 +783,8 @@ def read_advice(streams: Any) -> str:
     if len(narrow) >= 2:
         return (f"the per-record cost is the limit: {len(narrow)} columns of records under "
                 f"{NARROW_RECORD_BYTES} bytes are each read a record a value; keep narrow "
-                "columns together in a column group (from_arrow(..., group_columns=True), or "
-                "'loaderx upgrade DIR' on a dataset directory)")
+                "columns together in a column group (from_arrow does so by default; "
+                "'loaderx upgrade DIR' rewrites a directory of a store per column)")
     codecs = set()
     for ds in streams.values():
         schema = getattr(ds, "schema", None)

@@ -55,6 +55,7 @@ from loaderx._views.group import GroupField
 from loaderx.errors import CorruptStoreError, DatasetError, LoaderxTypeError, StoreClosedError
 from loaderx.intake.directory import (
     MANIFEST_FILE,
+    Column,
     Manifest,
     _ColumnWriter,
     _GroupWriter,
@@ -175,12 +176,19 @@ class Appender:
         self.rows += n
         return self.rows
 
-    def commit(self) -> int:
+    def commit(self, columns: tuple[Column, ...] | None = None,
+               extra: dict[str, Any] | None = None) -> int:
         """Makes the rows durable and publishes the new count (see the module docstring);
-        returns it."""
+        returns it. ``columns`` (the same columns, their ``extra`` changed: class names
+        added, say) and ``extra`` (the dataset's keys) replace the manifest's in the same
+        commit."""
         self._check("commit")
+        if columns is not None and [(c.name, c.store, c.group, c.offset) for c in columns] != \
+                [(c.name, c.store, c.group, c.offset) for c in self.manifest.columns]:
+            raise DatasetError("commit: columns may change their extra keys only")
         try:
-            if self.rows != self.committed:
+            changed = columns is not None or extra is not None
+            if self.rows != self.committed or changed:
                 staging._step("append:written")
                 touched = [z for z in [w.store for w in self._writers] +
                            [gw.writer.store for gw in self._groups] if z is not None]
@@ -188,7 +196,9 @@ class Appender:
                 staging._step("append:synced")
                 manifest = dataclasses.replace(
                     self.manifest, rows=self.rows,
-                    groups=tuple(gw.closed() for gw in self._groups))
+                    groups=tuple(gw.closed() for gw in self._groups),
+                    columns=self.manifest.columns if columns is None else columns,
+                    extra=self.manifest.extra if extra is None else extra)
                 _native.replace_file(self.dst, MANIFEST_FILE, manifest.to_bytes())
                 self.manifest, self.committed = manifest, self.rows
                 staging._step("append:committed")

@@ -264,7 +264,7 @@ def append_dataset(dst: str | os.PathLike[str], src: str | os.PathLike[str]) -> 
         ds.close()
     with _holding(dst, "append") as held:
         _step("grow:held")
-        _check_append(held, src, src_manifest, src)
+        _check_append(held.manifest, held.path, src, src_manifest, src)
         with staging.private_dir(dst, "incoming") as incoming:
             return _grow(held, src, src_manifest, incoming, link=False, name=src).rows
 
@@ -299,42 +299,39 @@ def append_converted(dst: str | os.PathLike[str], convert: Callable[[str, Existi
             result = convert(new, existing)
             _step("grow:converted")
             new_manifest = read_manifest(new)
-            _check_append(held, new, new_manifest, what)
+            _check_append(held.manifest, held.path, new, new_manifest, what)
             return result, _grow(held, new, new_manifest, incoming, link=True, name=what)
 
 
 def _append_in_place(dst: str, src: str, s: Manifest, name: str | None = None) -> int:
     """The rows of the dataset directory ``src`` appended in place to ``dst``, a directory with
     a commit point (:mod:`loaderx.intake.appending`), in blocks of rows, one commit; returns
-    ``dst``'s new row count. Class names must be the dataset's own (matching them by name, as
-    the rebuilding path does, is not done in place yet)."""
+    ``dst``'s new row count. Checked and rewritten as the rebuilding path does (class names
+    matched by name, shard numbers moved), the manifest's keys changed in the same commit."""
     from loaderx.intake.appending import Appender
 
     name = src if name is None else name
     with Appender(dst) as appender:
         have = appender.manifest
-        if have.extra.get("source") in _OWN_SOURCES and \
-                s.extra.get("source") != have.extra.get("source"):
-            raise DatasetError(f"{dst} was made by {_made_by(have.extra.get('source'))}; rows "
-                               f"of another source cannot be appended to it")
-        _check_columns(dst, have.columns, name, s.columns)
-        theirs = {c.name: c for c in s.columns}
-        for col in have.columns:
-            if col.extra.get("classes") != theirs[col.name].extra.get("classes"):
-                raise DatasetError(
-                    f"column {col.name!r}: {name} numbers its classes otherwise than {dst} "
-                    f"({theirs[col.name].extra.get('classes')!r} against "
-                    f"{col.extra.get('classes')!r}); an append in place takes the dataset's "
-                    "own class list: convert the rows with it")
+        _check_append(have, dst, src, s, name)
+        growth = _growth(have, s, name)
         columns = open_dataset(src)
         try:
             step = max(1, min(_BLOCK_ROWS, s.rows))
             for lo in range(0, s.rows, step):
                 idx = np.arange(lo, min(s.rows, lo + step), dtype=np.uint64)
-                appender.append({c.name: _records(columns[c.name], idx) for c in have.columns})
+                rows = {}
+                for c in have.columns:
+                    records = _records(columns[c.name], idx)
+                    rewrite = growth.rewrite.get(c.name)
+                    rows[c.name] = records if rewrite is None else rewrite(records, lo)
+                appender.append(rows)
         finally:
             for ds in columns.values():
                 ds.close()
+        extras = growth.counted_extras()
+        appender.commit(columns=tuple(replace(c, extra=extras[c.name]) for c in have.columns),
+                        extra=growth.extra)
     return appender.rows
 
 
@@ -418,10 +415,9 @@ def _classes(col: Column, where: str) -> list[str]:
     return names
 
 
-def _check_append(held: _Held, src_dir: str, s: Manifest, src: str) -> None:
+def _check_append(m: Manifest, dst: str, src_dir: str, s: Manifest, src: str) -> None:
     """Everything an append of the dataset directory ``src_dir`` (called ``src`` in errors)
-    refuses, before anything is written."""
-    m, dst = held.manifest, held.path
+    to ``dst`` (whose manifest is ``m``) refuses, before anything is written."""
     _check_columns(dst, m.columns, src, s.columns)
     mine, theirs = m.extra.get("source"), s.extra.get("source")
     if (mine in _OWN_SOURCES or theirs in _OWN_SOURCES) and mine != theirs:
@@ -479,11 +475,32 @@ def _check_paths(dst: str, src_dir: str, src: str) -> None:
                                "file, or put it in a sub-folder of its class")
 
 
-def _grow(held: _Held, src: str, s: Manifest, incoming: str, link: bool,
-          name: str) -> Manifest:
-    """The rows of the dataset directory ``src`` (``name`` in errors) appended: the new dataset
-    built beside ``dst`` and put in its place; its manifest."""
-    m = held.manifest
+@dataclass
+class _Growth:
+    """What the rows of another dataset (its manifest ``s``) become when they are appended to
+    one (``m``): each column's extra keys after the append (class names merged), the
+    dataset's, and the rewrites of values (``rewrite[column](values, first_row)``: labels
+    renumbered by class name and counted, shard numbers moved past the dataset's)."""
+
+    extras: dict[str, dict[str, Any]]
+    extra: dict[str, Any]
+    rewrite: dict[str, Callable[[np.ndarray, int], np.ndarray]]
+    counters: dict[str, np.ndarray]
+
+    def counted_extras(self) -> dict[str, dict[str, Any]]:
+        """:attr:`extras` with the labels rewritten so far added to each column's ``counts``."""
+        out = {name: dict(extra) for name, extra in self.extras.items()}
+        for name, counts in self.counters.items():
+            listed = out[name].get("counts")
+            if isinstance(listed, list):
+                have = np.zeros(len(counts), dtype=np.int64)
+                have[:len(listed)] = listed[:len(have)]
+                out[name]["counts"] = (have + counts).tolist()
+        return out
+
+
+def _growth(m: Manifest, s: Manifest, name: str) -> _Growth:
+    """See :class:`_Growth`; ``name`` names the new rows in errors."""
     columns = list(m.columns)
     extras = {c.name: dict(c.extra) for c in columns}
     rewrite: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {}
@@ -508,6 +525,17 @@ def _grow(held: _Held, src: str, s: Manifest, incoming: str, link: bool,
             rewrite["__shard__"] = lambda values, _start: values + offset
     if isinstance(m.extra.get("skipped"), dict) and isinstance(s.extra.get("skipped"), dict):
         extra["skipped"] = _summed(m.extra["skipped"], s.extra["skipped"])
+    return _Growth(extras, extra, rewrite, counters)
+
+
+def _grow(held: _Held, src: str, s: Manifest, incoming: str, link: bool,
+          name: str) -> Manifest:
+    """The rows of the dataset directory ``src`` (``name`` in errors) appended: the new dataset
+    built beside ``dst`` and put in its place; its manifest."""
+    m = held.manifest
+    columns = list(m.columns)
+    growth = _growth(m, s, name)
+    rewrite = growth.rewrite
     # The new rows, each column's store ready to be joined (a store of src itself, or a
     # private one: rewritten, copied, or given checksums).
     new_units = []
@@ -529,15 +557,9 @@ def _grow(held: _Held, src: str, s: Manifest, incoming: str, link: bool,
             stores[col.name] = path
         new_units.append((um.rows, stores))
     _step("grow:prepared")
-    for col in columns:
-        listed = extras[col.name].get("counts")
-        if col.name in counters and isinstance(listed, list):
-            have = np.zeros(len(counters[col.name]), dtype=np.int64)
-            have[:len(listed)] = listed[:len(have)]
-            extras[col.name]["counts"] = (have + counters[col.name]).tolist()
     old_units = [(um.rows, {c.name: os.path.join(u, own[c.name].store) for c in columns})
                  for u, um, own in held.units]
-    return _publish(held, old_units + new_units, columns, extras, extra,
+    return _publish(held, old_units + new_units, columns, growth.counted_extras(), growth.extra,
                     rows=m.rows + s.rows)
 
 
@@ -1080,7 +1102,10 @@ def arrow_onto(dst: str | os.PathLike[str], plan: Sequence[Any], options: Any,
             return write(path, options)
         existing.require_columns([(leaf.name, leaf.kind, leaf.dtype, leaf.item_shape)
                                   for leaf in plan], "the table")
-        return write(path, replace(options, codec=existing.codecs(),
+        # Rows for a directory without a commit point are joined store by store: a store
+        # per column (a column group is appended in place only).
+        grouped = options.group_columns and has_commit_point(existing.manifest)
+        return write(path, replace(options, codec=existing.codecs(), group_columns=grouped,
                                    checksums=options.checksums or existing.checksums))
 
     return append_converted(dst, convert, "the table")[1].rows

@@ -47,8 +47,9 @@ def write_part(dst: str | os.PathLike[str], index: int, source: Any, **options: 
     """Converts ``source`` (anything :func:`loaderx.from_arrow` takes: a pyarrow Table or
     RecordBatchReader, a pandas or polars DataFrame, Parquet paths) into part ``index`` of
     ``dst``, replacing that part if an earlier attempt wrote it; returns its row count.
-    ``options`` go to ``from_arrow`` (``columns``, ``codec``, ...). Safe to run again: a retried
-    task replaces its part, never adds to it."""
+    ``options`` go to ``from_arrow`` (``columns``, ``codec``, ...; ``group_columns`` is False
+    unless given: parts are joined a store per column). Safe to run again: a retried task
+    replaces its part, never adds to it."""
     from loaderx.intake.tables import from_arrow
 
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 100_000:
@@ -56,6 +57,8 @@ def write_part(dst: str | os.PathLike[str], index: int, source: Any, **options: 
     if "overwrite" in options:
         raise LoaderxValueError("write_part always replaces its own part; do not pass overwrite")
     os.makedirs(parts_dir(dst), exist_ok=True)
+    # Parts keep a store per column unless asked: assemble joins them store by store.
+    options.setdefault("group_columns", False)
     return int(from_arrow(part_path(dst, index), source, overwrite=True, progress=False,
                           **options))
 

@@ -168,7 +168,7 @@ def from_arrow(
     checksums: bool = False,
     resume: bool = False,
     append: bool = False,
-    group_columns: bool = False,
+    group_columns: bool | None = None,
 ) -> int:
     """Writes the table ``source`` as a dataset directory at ``dst`` and returns its row count.
 
@@ -192,12 +192,15 @@ def from_arrow(
     group, row-major in blocks (see :class:`~loaderx.intake.DirectoryWriter`): a table of many
     narrow columns then takes about the bytes of its values, reads a batch of all of them in one
     native call, and grows in place with one commit point (:mod:`loaderx.intake.appending`);
-    not with ``resume=True`` (parts are joined a store per column). The default (False) writes
-    a store per column, the layout of manifest version 1. See the module docstring for sources
-    and type mapping."""
+    not with ``resume=True`` (parts are joined a store per column). The default (None) groups
+    them unless ``resume=True``; ``False`` writes a store per column, the layout of manifest
+    version 1. See the module docstring for sources and type mapping."""
     pa = _pyarrow()
-    if group_columns is not False and group_columns is not True:
-        raise LoaderxTypeError(f"group_columns must be True or False, got {group_columns!r}")
+    if group_columns is not None and group_columns is not False and group_columns is not True:
+        raise LoaderxTypeError(f"group_columns must be True, False or None, got "
+                               f"{group_columns!r}")
+    if group_columns is None:
+        group_columns = not resume  # a resumable conversion's parts keep a store per column
     if group_columns and resume:
         raise LoaderxValueError(
             "group_columns=True cannot be combined with resume=True yet: a resumable "
@@ -247,7 +250,7 @@ class _Options:
     checksums: bool
     #: The whole source's :attr:`_Source.all_null` (a part's plan decides as the whole's did).
     all_null: Callable[[list[Any]], list[bool | None]] | None = field(default=None, compare=False)
-    group_columns: bool = False
+    group_columns: bool = False  # from_arrow passes what it resolved
 
     def digest(self) -> str:
         """What decides the stored bytes (not chunk_bytes or progress), for a resumed run to
