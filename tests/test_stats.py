@@ -663,3 +663,36 @@ def test_profile_of_a_mixture_runs(streams):
                                seconds=0.2)
     assert all(r.error is None for r in report.runs), report.table()
     assert report.gather_ceiling is not None and report.gather_ceiling > 0
+
+
+READ_THREADS = """
+import sys
+import numpy as np
+from loaderx import DataLoader, from_numpy, DenseDataset
+from loaderx._loader import stats as st
+
+from_numpy(sys.argv[1], np.random.default_rng(0).integers(0, 255, (256, 65536), np.uint8),
+           codec="zstd")
+with DenseDataset(sys.argv[1]) as ds, DataLoader({"x": ds}, batch_size=64, num_workers=1,
+                                                 seed=0) as loader:
+    it = iter(loader)
+    for _ in range(40):
+        next(it)
+    s = loader.stats()
+p = s.since_start
+assert st._pool_threads(), "no read threads"
+print(p.cores_busy, p.worker_cores, p.pool_cores, str(s).count("by the read threads"))
+"""
+
+
+def test_the_read_threads_cores_are_counted_beside_the_workers(tmp_path):
+    """A thread worker's gather runs on loaderx's pool (4 threads here): its CPU is shown as
+    the read threads', and workers plus read threads never exceed the process's cores busy
+    (issue 47: the verdict said 0.1 cores by the workers beside 10 s of worker reads)."""
+    env = {**os.environ, "LOADERX_NUM_THREADS": "4"}
+    p = subprocess.run([sys.executable, "-c", READ_THREADS, str(tmp_path / "x")],
+                       capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert p.returncode == 0, p.stderr
+    busy, workers, pool, said = p.stdout.split()
+    assert float(pool) > 0 and said == "1"
+    assert float(workers) + float(pool) <= float(busy) + 0.05

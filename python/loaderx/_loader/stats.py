@@ -406,6 +406,7 @@ class _Cumulative:
     cpu: int
     worker_cpu: int | None
     machine: tuple[int, int] | None = None  # /proc/stat: busy and all ticks of every core
+    pool_cpu: int | None = None  # this process's read threads (loaderx's pools)
 
 
 class Collector:
@@ -435,6 +436,7 @@ class Collector:
         # The workers' CPU time (ns) as last read, by /proc path: a thread or process that
         # ended keeps its last reading.
         self.cpu_seen: dict[str, int] = {}
+        self.pool_seen: dict[str, int] = {}  # the same for this process's read threads
 
     # -- workers -----------------------------------------------------------------------------
 
@@ -513,11 +515,12 @@ class Collector:
 
     def _mark_start(self, now: int) -> None:
         cpu, workers = self._cpu()
+        pool = self._pool_cpu()
         with self.lock:
             if self.base is None:
                 self.base = _Cumulative(now, _Totals.empty(), _Hist(),
                                         np.zeros_like(self.consumer.queue), cpu, workers,
-                                        _machine())
+                                        _machine(), pool)
 
     # -- snapshots ---------------------------------------------------------------------------
 
@@ -543,6 +546,20 @@ class Collector:
             spent = sum(seen.values())
         return (own + spent if self.mode == "process" else own), spent
 
+    def _pool_cpu(self) -> int | None:
+        """CPU time so far (ns) of this process's read threads -- loaderx's pools, which do
+        the gathers of thread workers and of the consumer -- or None for process workers
+        (their pools are counted with them) or where the system does not tell."""
+        if self.mode == "process":
+            return None
+        readings = [(root, _task_cpu(root)) for root in _pool_threads()]
+        with self.lock:
+            seen = self.pool_seen
+            for root, value in readings:
+                if value is not None:
+                    seen[root] = max(value, seen.get(root, 0))
+            return sum(seen.values()) if seen else None
+
     def _cumulative(self) -> _Cumulative:
         with self.lock:
             if self.before is not None:
@@ -553,7 +570,8 @@ class Collector:
             consumer = self.consumer
             wait, queue = consumer.wait(), consumer.queue.copy()
         cpu, workers = self._cpu()
-        return _Cumulative(_ns(), totals, wait, queue, cpu, workers, _machine())
+        return _Cumulative(_ns(), totals, wait, queue, cpu, workers, _machine(),
+                           self._pool_cpu())
 
     def snapshot(self) -> LoaderStats:
         """Everything since the start, and since the last snapshot."""
@@ -588,6 +606,29 @@ def _machine() -> tuple[int, int] | None:
     user, nice, system, idle, iowait, irq, softirq, steal = fields
     busy = user + nice + system + irq + softirq + steal
     return busy, busy + idle + iowait
+
+
+#: What loaderx's native pools call their threads (``zrecord::pool``: ``loaderx-<i>`` and
+#: ``loaderx-io-<i>``).
+POOL_THREAD_PREFIX = "loaderx-"
+
+
+def _pool_threads() -> list[str]:
+    """The ``/proc`` roots of this process's read threads, found by name."""
+    roots = []
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return roots
+    for tid in tids:
+        root = f"/proc/self/task/{tid}"
+        try:
+            with open(f"{root}/comm") as f:
+                if f.read().startswith(POOL_THREAD_PREFIX):
+                    roots.append(root)
+        except OSError:
+            continue  # (a thread that ended)
+    return roots
 
 
 def _task_cpu(root: str) -> int | None:
@@ -655,6 +696,8 @@ class Period:
       not waiting for a slot); None without workers.
     * ``cores``, ``cores_busy`` -- the usable cores and how many were busy on average (this
       process and its worker processes); ``worker_cores`` -- those of the workers alone;
+      ``pool_cores`` -- those of this process's read threads (loaderx's pools: the gathers of
+      thread workers and of the consumer; None with worker processes, whose own count them);
       ``machine_busy`` -- the fraction of the whole machine's CPU time that was busy, every
       process counted (None where the system does not tell).
     """
@@ -676,6 +719,7 @@ class Period:
     worker_cores: float | None
     mode: str = "thread"
     machine_busy: float | None = None
+    pool_cores: float | None = None
 
     @property
     def batches_per_second(self) -> float:
@@ -708,6 +752,9 @@ def _period(before: _Cumulative | None, now: _Cumulative, *, mode: str, workers:
     worker_cores = None
     if now.worker_cpu is not None and before.worker_cpu is not None:
         worker_cores = max(0.0, (now.worker_cpu - before.worker_cpu) / 1e9 / seconds)
+    pool_cores = None
+    if now.pool_cpu is not None:
+        pool_cores = max(0.0, (now.pool_cpu - (before.pool_cpu or 0)) / 1e9 / seconds)
     machine = None
     if now.machine is not None and before.machine is not None \
             and now.machine[1] > before.machine[1]:
@@ -721,7 +768,7 @@ def _period(before: _Cumulative | None, now: _Cumulative, *, mode: str, workers:
         queue_mean=sum(n * c for n, c in enumerate(queue)) / calls if calls else 0.0,
         queue_empty=queue[0] / calls if calls else 0.0, queue_capacity=capacity,
         workers=workers, busy=busy, cores=cores, cores_busy=cores_busy,
-        worker_cores=worker_cores, mode=mode, machine_busy=machine)
+        worker_cores=worker_cores, mode=mode, machine_busy=machine, pool_cores=pool_cores)
 
 
 # -- the verdict ---------------------------------------------------------------------------------
@@ -962,8 +1009,13 @@ def format_period(p: Period, total: Period, mode: str, workers: int,
                  f"{_pct(p.waited)} of the time")
     busy = "" if p.busy is None else f"workers busy {_pct(p.busy)}; "
     cores = "" if p.cores_busy is None else f"{p.cores_busy:.1f} of {p.cores} cores busy"
+    by = []
     if p.worker_cores is not None:
-        cores += f" ({p.worker_cores:.1f} by the workers)"
+        by.append(f"{p.worker_cores:.1f} by the workers")
+    if p.pool_cores is not None and p.cores_busy is not None:
+        by.append(f"{p.pool_cores:.1f} by the read threads")
+    if by:
+        cores += f" ({', '.join(by)})"
     if busy or cores:
         lines.append(f"  {busy}{cores}")
     return "\n".join(lines)
