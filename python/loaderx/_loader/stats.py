@@ -615,7 +615,7 @@ POOL_THREAD_PREFIX = "loaderx-"
 
 def _pool_threads() -> list[str]:
     """The ``/proc`` roots of this process's read threads, found by name."""
-    roots = []
+    roots: list[str] = []
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
