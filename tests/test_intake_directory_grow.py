@@ -24,7 +24,14 @@ import numpy as np
 import pytest
 
 import loaderx.intake as intake
-from loaderx import ConcatDataset, DenseDataset, Zrecord, from_image_folder, from_numpy
+from loaderx import (
+    ConcatDataset,
+    DataLoader,
+    DenseDataset,
+    Zrecord,
+    from_image_folder,
+    from_numpy,
+)
 from loaderx.errors import (
     CorruptStoreError,
     DatasetError,
@@ -549,18 +556,34 @@ def test_a_concatenation_of_other_class_maps_is_refused(tmp_path):
     from_image_folder(tmp_path / "d2", two)
     from_image_folder(tmp_path / "d3", folder(tmp_path / "three", {"cat": 2, "dog": 1,
                                                                    "fox": 1}, "c"))
+    label = {k: open_dataset(tmp_path / k)["label"] for k in ("d1", "d2", "d3")}  # grouped
     with pytest.raises(DatasetError, match=r"label 2 is 'fox' there and 'emu' here.*"
                        r"append_dataset"):
-        ConcatDataset([tmp_path / "d1" / "label", tmp_path / "d2" / "label"])
+        ConcatDataset([label["d1"], label["d2"]])
+    # A store per column (the older layout): by path and as datasets.
+    labelled(tmp_path / "s1", [0, 1, 2], ["cat", "dog", "fox"], group_columns=False)
+    labelled(tmp_path / "s2", [0, 1, 2], ["cat", "dog", "emu"], group_columns=False)
     with pytest.raises(DatasetError, match="'emu'"):
-        ConcatDataset([DenseDataset(tmp_path / "d1" / "label"),
-                       DenseDataset(tmp_path / "d2" / "label")])
-    same = ConcatDataset([tmp_path / "d1" / "label", tmp_path / "d3" / "label"])
+        ConcatDataset([tmp_path / "s1" / "label", tmp_path / "s2" / "label"])
+    with pytest.raises(DatasetError, match="'emu'"):
+        ConcatDataset([DenseDataset(tmp_path / "s1" / "label"),
+                       DenseDataset(tmp_path / "s2" / "label")])
+    with pytest.raises(DatasetError, match="'emu'"):  # one of each
+        ConcatDataset([DenseDataset(tmp_path / "s1" / "label"), label["d2"]])
+    same = ConcatDataset([label["d1"], label["d3"]])
     assert same[:].tolist() == [0, 1, 2, 0, 0, 1, 2]
+    assert same[np.array([6, 0, 3], np.int64)].tolist() == [2, 0, 0]
+    assert same.gather([4, 2]).tolist() == [0, 2]
+    mixed = ConcatDataset([label["d1"], tmp_path / "s1" / "label"])  # both layouts, one view
+    assert mixed[:].tolist() == [0, 1, 2, 0, 1, 2]
+    with pytest.raises(IndexError):
+        mixed[np.array([6], np.int64)]
     again = pickle.loads(pickle.dumps(same))
     assert again[:].tolist() == same[:].tolist()
+    with DataLoader({"label": same}, batch_size=7, seed=0, num_workers=1) as loader:
+        assert sorted(next(iter(loader))["label"].tolist()) == [0, 0, 0, 1, 1, 2, 2]
     from_numpy(tmp_path / "plain", np.array([5, 6]))  # no class names: not compared
-    assert len(ConcatDataset([tmp_path / "d1" / "label", tmp_path / "plain"])) == 5
+    assert len(ConcatDataset([label["d1"], tmp_path / "plain"])) == 5
     # A directory of parts whose parts name other classes is refused the same way.
     labelled(tmp_path / "p", [0, 1, 0, 1], ["a", "b"], rows_per_part=2)
     part = tmp_path / "p" / "parts" / "00001" / "manifest.json"
@@ -614,6 +637,18 @@ CHILD = textwrap.dedent("""
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(self, *a, **kw)
         Zrecord.append = append
+        # In place (a directory with a commit point): killed with the rows in every store,
+        # not yet committed.
+        from loaderx.intake import appending
+        in_place = appending.Appender.append
+
+        def append_rows(self, *a, **kw):
+            out = in_place(self, *a, **kw)
+            calls[0] += 1
+            if calls[0] == int(mode[6:]):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return out
+        appending.Appender.append = append_rows
     if action == "images":
         from_image_folder(dst, src, append=True, progress=False)
     elif action == "dataset":

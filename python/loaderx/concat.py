@@ -15,7 +15,9 @@ ragged view whose items are lists of arrays; the :class:`~loaderx.dataloader.Dat
 either as a stream, like the datasets themselves. Record ``i`` of the view is
 record ``i - start(k)`` of the part ``k`` that holds it; the parts' lengths are read once, when
 the view is made (appending to a part later does not grow the view). A view pickles as its
-parts do: by absolute path, each with its own ``verify_reads``.
+parts do: by absolute path, each with its own ``verify_reads``. A part may also be a column
+of a column group (``open_dataset(dir)["label"]``): such a view reads part by part, the
+others one native call a batch.
 """
 
 from loaderx._views.concat import ConcatDataset

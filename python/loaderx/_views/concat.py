@@ -24,8 +24,10 @@ from loaderx._views.dataset import (
     _whole_rows,
     pinned_to,
 )
+from loaderx._views.group import GroupColumn
 from loaderx.errors import (
     DatasetError,
+    LoaderxIndexError,
     LoaderxTypeError,
     LoaderxValueError,
 )
@@ -34,8 +36,8 @@ __all__ = ["ConcatDataset"]
 
 
 
-def _open_part(part: Any, verify_reads: bool) -> DenseDataset | RaggedDataset:
-    if isinstance(part, (DenseDataset, RaggedDataset)):
+def _open_part(part: Any, verify_reads: bool) -> DenseDataset | RaggedDataset | GroupColumn:
+    if isinstance(part, (DenseDataset, RaggedDataset, GroupColumn)):
         return part
     if not isinstance(part, (str, os.PathLike)):
         if type(part).__name__ == "PackedDataset":
@@ -43,26 +45,34 @@ def _open_part(part: Any, verify_reads: bool) -> DenseDataset | RaggedDataset:
                 "ConcatDataset takes stores, not packed views: concatenate the documents and "
                 "pack once -- pack(ConcatDataset([RaggedDataset(a), RaggedDataset(b)]), "
                 "seq_len) -- which mixes the corpora's documents into the same rows")
-        raise LoaderxTypeError(f"a ConcatDataset part must be a dataset path, DenseDataset or "
-                               f"RaggedDataset, got {type(part).__name__}")
+        raise LoaderxTypeError(f"a ConcatDataset part must be a dataset path, DenseDataset, "
+                               f"RaggedDataset or a dataset directory's column, got "
+                               f"{type(part).__name__}")
     path = os.fspath(part)
     kind = _schema.read(path).kind
     cls = DenseDataset if kind == "dense" else RaggedDataset
     return cls(path, verify_reads=verify_reads)
 
 
-def _no_class_names(path: str) -> list[str] | None:
+def _no_class_names(path: str, column: str | None = None) -> list[str] | None:
     return None
 
 
 #: The class names of the labels in the store at a path when it is the store of a column of a
-#: dataset directory whose manifest names them (``"classes"``); None otherwise. Manifests are
-#: read a floor above this one: :mod:`loaderx.intake.directory`, which imports this module,
-#: registers its reader when it is imported (``import loaderx`` imports it).
-_class_names: Callable[[str], list[str] | None] = _no_class_names
+#: dataset directory whose manifest names them (``"classes"``), or of the column ``column`` of
+#: the dataset directory at the path (a column of a column group); None otherwise. Manifests
+#: are read a floor above this one: :mod:`loaderx.intake.directory`, which imports this
+#: module, registers its reader when it is imported (``import loaderx`` imports it).
+_class_names: Callable[[str, str | None], list[str] | None] = _no_class_names
 
 
-def register_class_names(find: Callable[[str], list[str] | None]) -> None:
+def _part_class_names(part: Any) -> list[str] | None:
+    if isinstance(part, GroupColumn):
+        return _class_names(part.path, part.name)
+    return _class_names(part.path, None)
+
+
+def register_class_names(find: Callable[[str, str | None], list[str] | None]) -> None:
     """Sets how a part's class names are found (:mod:`loaderx.intake.directory` calls it)."""
     global _class_names
     _class_names = find
@@ -106,8 +116,8 @@ def check_class_maps(maps: Sequence[tuple[str, Any]], what: str = "a concatenati
 def class_names_of(ds: Any) -> list[str] | None:
     """The class names a dataset's manifest gives its labels (a column of a dataset
     directory, a concatenation of such columns, a subset of one), or None."""
-    if isinstance(ds, (DenseDataset, RaggedDataset)):
-        return _class_names(ds.path)
+    if isinstance(ds, (DenseDataset, RaggedDataset, GroupColumn)):
+        return _part_class_names(ds)
     if isinstance(ds, ConcatDataset):
         return max((c for c in ds._classes if c is not None), key=len, default=None)
     base = getattr(ds, "_base", None)  # a Subset names its dataset's classes
@@ -154,32 +164,35 @@ class ConcatDataset:
             raise LoaderxValueError(
                 "ConcatDataset needs a non-empty list of dataset paths or datasets")
         self._verify_reads = bool(verify_reads)
-        self._parts = [_open_part(p, self._verify_reads) for p in parts]
+        # (each part reads as its kind does: a store's dataset, or a grouped column)
+        self._parts: list[Any] = [_open_part(p, self._verify_reads) for p in parts]
         first = self._parts[0]
         for p in self._parts[1:]:
-            if (type(p), p.dtype, p.item_shape) != (type(first), first.dtype, first.item_shape):
+            if (p.kind, p.dtype, p.item_shape) != (first.kind, first.dtype, first.item_shape):
                 raise DatasetError(
-                    f"{p.path} holds {type(p).__name__} {p.dtype.str}{p.item_shape} records, "
-                    f"{first.path} holds {type(first).__name__} "
+                    f"{_where(p)} holds {p.kind} {p.dtype.str}{p.item_shape} records, "
+                    f"{_where(first)} holds {first.kind} "
                     f"{first.dtype.str}{first.item_shape}; a concatenation needs one schema")
         # The class names of each part (given by open_dataset, which read them already).
         self._classes = list(_classes) if _classes is not None and \
-            len(_classes) == len(self._parts) else [_class_names(p.path) for p in self._parts]
-        check_class_maps([(p.path, c) for p, c in zip(self._parts, self._classes, strict=True)],
-                         "a ConcatDataset")
-        self.kind = "dense" if isinstance(first, DenseDataset) else "ragged"
+            len(_classes) == len(self._parts) else [_part_class_names(p) for p in self._parts]
+        check_class_maps([(_where(p), c) for p, c in zip(self._parts, self._classes,
+                                                          strict=True)], "a ConcatDataset")
+        self.kind = first.kind
         lengths = np.array([len(p) for p in self._parts], dtype=np.uint64)
         self._starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.uint64)
         self._len = int(self._starts[-1])
-        self.record_bytes = first.record_bytes if isinstance(first, DenseDataset) else 0
+        self.record_bytes = first.record_bytes if self.kind == "dense" else 0
         # One native call per batch, with the batch's own indices: the engine locates each
-        # record's part and reads each part's records through its own store.
-        self._across = _native.Across([p._store._native for p in self._parts], self._starts)
+        # record's part and reads each part's records through its own store. Columns of a
+        # column group (rows of blocks, not records of a store) are read part by part.
+        self._across: Any = None if any(isinstance(p, GroupColumn) for p in self._parts) else \
+            _native.Across([p._store._native for p in self._parts], self._starts)
 
     # -- what the datasets share ------------------------------------------------------------------
 
     @property
-    def parts(self) -> list[DenseDataset | RaggedDataset]:
+    def parts(self) -> list[DenseDataset | RaggedDataset | GroupColumn]:
         return list(self._parts)
 
     @property
@@ -249,6 +262,8 @@ class ConcatDataset:
         return self.gather(flat.reshape(-1)).reshape(flat.shape + self.item_shape)
 
     def _batch(self, idx: np.ndarray) -> np.ndarray | None:
+        if self._across is None:
+            return None
         return _shortest_batch(self, self._across.gather_fixed, idx, self.record_bytes)
 
     def __getitems__(self, idxs: Sequence[int]) -> Any:
@@ -293,7 +308,19 @@ class ConcatDataset:
                     rows: np.ndarray | None = None) -> None:
         """Dense views: each part's records of the batch go straight to their rows of ``dst``
         (see :mod:`loaderx.source`); an index out of range is refused before any is read."""
-        self._across.gather_fixed(idxs, dst, self.record_bytes, shards, rows)
+        if self._across is not None:
+            self._across.gather_fixed(idxs, dst, self.record_bytes, shards, rows)
+            return
+        idxs = np.asarray(idxs, dtype=np.uint64)
+        if len(idxs) and int(idxs.max()) >= self._len:
+            raise LoaderxIndexError(f"index {int(idxs.max())} is out of range for a "
+                                    f"ConcatDataset of {self._len} records")
+        part, local = self._locate(idxs)
+        at = np.arange(len(idxs), dtype=np.uint64) if rows is None else \
+            np.asarray(rows, dtype=np.uint64)
+        for k in np.unique(part):
+            mine = part == k
+            self._parts[int(k)].gather_rows(local[mine], dst, shards, at[mine])
 
     def record_nbytes(self, idxs: np.ndarray) -> np.ndarray:
         """Ragged views: each record's byte length (uint64), from its part's record table (see
@@ -323,6 +350,11 @@ class ConcatDataset:
         if len(idxs):
             self.gather_at(idxs, buf, offsets)
         return _ragged_views(buf, offsets, nbytes, self.dtype, self.item_shape)
+
+
+def _where(part: Any) -> str:
+    """A part as errors name it: its path, and a grouped column's name."""
+    return f"column {part.name!r} of {part.path}" if isinstance(part, GroupColumn) else part.path
 
 
 def _of_subsets(parts: list[Any], verify_reads: bool) -> Any:

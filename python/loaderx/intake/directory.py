@@ -831,9 +831,16 @@ def _decode_one(rec: Any) -> str:
                                 "altered after conversion (run `loaderx verify` on it)") from None
 
 
-def _column_class_names(path: str) -> list[str] | None:
+def _column_class_names(path: str, column: str | None = None) -> list[str] | None:
     """The class names of the labels in the store ``path`` when it is the store of a column of
-    a dataset directory whose manifest names them (``"classes"``); None otherwise."""
+    a dataset directory whose manifest names them (``"classes"``), or of the column ``column``
+    of the dataset directory ``path``; None otherwise."""
+    if column is not None:
+        try:
+            names = read_manifest(path).column(column).extra.get("classes")
+        except (LoaderxError, OSError, KeyError):
+            return None
+        return names if isinstance(names, list) else None
     if dataset_column(path) is None:
         return None
     try:

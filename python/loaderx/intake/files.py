@@ -140,7 +140,7 @@ def from_image_folder(
         counts = [0] * len(classes)
         total_bytes = 0
         with DirectoryWriter(dst, overwrite=overwrite, codec=codec, checksums=checksums,
-                             extra={"source": "image_folder"}) as w:
+                             extra={"source": "image_folder"}, group_columns=True) as w:
             w.add_column("image", "ragged", np.uint8, extra={"encoded": "image"})
             w.add_column("label", "dense", np.int64, extra={"classes": classes})
             w.add_column("path", "ragged", np.uint8, codec="zstd",
@@ -407,7 +407,7 @@ def from_webdataset(
                 if writer is None:
                     plan.start(samples[0], paths[index])
                     writer = DirectoryWriter(dst, overwrite=overwrite, codec=codec,
-                                             checksums=checksums,
+                                             checksums=checksums, group_columns=True,
                                              extra={"source": "webdataset",
                                                     "shards": shard_names})
                     plan.declare(writer)

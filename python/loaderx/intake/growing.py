@@ -823,6 +823,7 @@ def _delete_by_rewrite(dst: str, manifest: Manifest, indices: Any) -> int:
     """:func:`delete_rows` of a directory with a column group: the kept rows, in order, written
     as a new directory that replaces ``dst`` in one transaction (a conversion's cost: a group's
     blocks cannot lose rows in place). The columns' class ``counts`` follow."""
+    staging.remove_stale(dst)  # a writer first clears what a killed one left beside dst
     gone = _row_indices(indices, manifest.rows, dst)
     if not len(gone):
         return manifest.rows
