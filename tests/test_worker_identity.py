@@ -152,13 +152,16 @@ def test_open_dataset_racing_an_append_opens_the_old_or_the_new(tmp_path: pathli
     np.testing.assert_array_equal(ds["x"][:], np.r_[np.arange(10), np.arange(5)])
 
 
-def test_a_mixture_of_labels_numbered_otherwise_is_refused(tmp_path: pathlib.Path) -> None:
-    """Finding 3 (as ConcatDataset does)."""
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_mixture_of_labels_numbered_otherwise_is_refused(tmp_path: pathlib.Path,
+                                                          grouped: bool) -> None:
+    """Finding 3 (as ConcatDataset does), for a label stored alone and one in a column
+    group (what the converters write)."""
     from loaderx.errors import DatasetError
     from loaderx.intake import DirectoryWriter, open_dataset
 
     for name, classes in (("a", ["cat", "dog"]), ("b", ["dog", "cat"]), ("c", ["cat", "dog"])):
-        with DirectoryWriter(tmp_path / name) as w:
+        with DirectoryWriter(tmp_path / name, group_columns=grouped) as w:
             w.add_column("label", "dense", np.int64, extra={"classes": classes})
             w.append({"label": np.array([0, 1, 1])})
     a, b, c = (open_dataset(tmp_path / n) for n in "abc")
