@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import statistics
@@ -559,6 +560,20 @@ def startup_run(root: pathlib.Path, row: str) -> dict[str, Any]:
     import _bench_vision
 
     torch.set_num_threads(1)
+    if row == AUTO_MODEL:
+        # The common script: a model built and run on the CPU (torch's OpenMP threads up)
+        # before the loader is made.
+        torch.set_num_threads(2)
+        model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                    torch.nn.Linear(512, 10))
+        with torch.no_grad():
+            for _ in range(20):
+                model(torch.randn(256, 512))
+    if row == AUTO_THREAD:
+        import threading
+
+        stop = threading.Event()
+        threading.Thread(target=stop.wait, daemon=True).start()  # a thread that runs on
     if row.startswith("torch"):
         from torch.utils.data import DataLoader as TorchLoader
 
@@ -582,15 +597,17 @@ def startup_run(root: pathlib.Path, row: str) -> dict[str, Any]:
     def streams() -> dict[str, Any]:
         return {"image": DenseDataset(root / "tv-image"), "label": DenseDataset(root / "tv-label")}
 
-    method = "fork" if row == "fork" else None
+    method = "fork" if row == "fork" else None if row.startswith("auto") else "forkserver"
     gap = 5.0 if row == "forkserver, 5 s later" else 0.0
     if row == "forkserver, second loader":
         with DataLoader(streams(), batch_size=TV_BATCH, num_workers=PROCS, worker_mode="process",
+                        start_method="forkserver",
                         transform=_bench_vision.augment) as first_loader:
             next(first_loader)
     if row == "forkserver, next epoch()":
         with DataLoader(streams(), batch_size=TV_BATCH, num_workers=PROCS,
-                        worker_mode="process", transform=_bench_vision.augment) as loader:
+                        worker_mode="process", start_method="forkserver",
+                        transform=_bench_vision.augment) as loader:
             for _ in loader.epoch():  # the first pass, whole; the second is timed
                 pass
             t0 = time.perf_counter()
@@ -611,15 +628,24 @@ def startup_run(root: pathlib.Path, row: str) -> dict[str, Any]:
     for _ in range(10):
         next(loader)
     memory = loaderx_pss(loader.worker_pids, loader.start_method == "forkserver")
+    chose = loader.start_method
     loader.close()
-    return {"first_s": first, "pss_mib": memory}
+    return {"first_s": first, "pss_mib": memory, "method": chose}
 
 
-STARTUP_ROWS = ("torch", "fork", "forkserver, at once", "forkserver, 5 s later",
+#: ``start_method=None``: in a plain script, after a model ran on the CPU, with a thread.
+AUTO_ROWS = ("auto (default)", "auto, a CPU model run first (2 torch threads)",
+             "auto, another Python thread running")
+AUTO_MODEL, AUTO_THREAD = AUTO_ROWS[1], AUTO_ROWS[2]
+STARTUP_ROWS = ("torch", "fork", *AUTO_ROWS, "forkserver, at once", "forkserver, 5 s later",
                 "forkserver, second loader", "torch, next epoch", "torch, next epoch, persistent",
                 "forkserver, next epoch()")
 #: Not a loader: a fresh interpreter importing the transform's module (torch, torchvision).
 IMPORT_CEILING = "ceiling: a fresh interpreter imports the transform's module"
+
+
+#: Seconds after which a start-up row counts as hung.
+STARTUP_HANG = 240
 
 
 def startup_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
@@ -632,19 +658,28 @@ def startup_table(root: pathlib.Path, plan: Plan, repeats: int) -> None:
     got: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
     for _ in range(repeats):
         for row in rows:
-            r = subprocess.run([sys.executable, str(SCRIPTS / "bench_workers.py"), "--startup",
-                                str(root), row], capture_output=True, text=True, check=True)
+            try:
+                r = subprocess.run([sys.executable, str(SCRIPTS / "bench_workers.py"),
+                                    "--startup", str(root), row], capture_output=True,
+                                   text=True, check=True, timeout=STARTUP_HANG)
+            except subprocess.TimeoutExpired:  # a worker that hangs after the fork, say
+                got[row].append({"first_s": math.inf, "pss_mib": math.nan,
+                                 "method": f"hung ({STARTUP_HANG} s)"})
+                continue
             got[row].append(json.loads(r.stdout.strip().splitlines()[-1]))
     first = {row: statistics.median(g["first_s"] for g in got[row]) for row in rows}
     memory = {row: statistics.median(g["pss_mib"] for g in got[row]) for row in rows}
     print(f"\n### Start-up with a torchvision transform ({PROCS} worker processes, batch "
           f"{TV_BATCH}; medians of {repeats}, rows interleaved, each in a fresh interpreter)\n")
-    print(common.head("loader", "first batch s", "vs torch", "PSS MiB (all its processes)",
-                      "vs fork", align="-rrrr"))
+    print(common.head("loader", "start method", "first batch s", "vs torch", "vs fork",
+                      "PSS MiB (all its processes)", "vs fork", align="--rrrrr"))
     for row in rows:
         name = row if row.startswith(("torch", "ceiling")) else f"loaderx, {row}"
-        print(common.row(name, f"{first[row]:.2f}", f"{first[row] / first['torch']:.1f}x",
-                         f"{memory[row]:,.0f}", f"{memory[row] / memory['fork']:.2f}x"))
+        methods = "/".join(sorted({str(g.get("method", "")) for g in got[row]} - {""}))
+        print(common.row(name, methods or "-", f"{first[row]:.2f}",
+                         f"{first[row] / first['torch']:.1f}x",
+                         f"{first[row] / first['fork']:.2f}x", f"{memory[row]:,.0f}",
+                         f"{memory[row] / memory['fork']:.2f}x"))
 
 
 TABLES = ("augment", "identity", "torchvision", "memory", "workers", "startup")
