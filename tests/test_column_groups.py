@@ -186,8 +186,6 @@ def test_a_pickled_column_refuses_a_directory_written_again(click: tuple,
 
 def test_what_cannot_change_a_grouped_directory_yet_is_refused_clearly(click: tuple) -> None:
     table, grouped, plain = click
-    with pytest.raises(DatasetError, match="group_columns"):
-        append_dataset(plain, grouped)
     with pytest.raises(LoaderxValueError, match="resume"):
         from_arrow(grouped, table, group_columns=True, resume=True)
     assert open_dataset(grouped)["label"][:].sum() == _expected(table, "label").sum()
@@ -378,11 +376,24 @@ def test_an_append_in_place_matches_class_names(tmp_path: pathlib.Path) -> None:
 
 def test_from_arrow_appends_to_a_directory_of_the_old_layout(click: tuple) -> None:
     """A directory of manifest version 1 (a store per column) takes rows converted by
-    from_arrow's default (which groups) as before: they are converted a store per column."""
-    table, _, plain = click
+    from_arrow's default (which groups), and a grouped directory's, in place: it keeps a
+    store per column, is given a commit point (its manifest alone changes), and a handle
+    opened before keeps its rows."""
+    table, grouped, plain = click
     n = table.num_rows
+    before = open_dataset(plain)
+    stores = {p.name: p.stat().st_ino for p in pathlib.Path(plain).iterdir() if p.is_dir()}
     assert from_arrow(plain, table.slice(0, 33), append=True) == n + 33
     m = read_manifest(plain)
-    assert not m.groups and not m.generation
+    assert not m.groups and m.generation and m.rows == n + 33
+    # The same stores, grown (not replaced).
+    assert {p.name: p.stat().st_ino for p in pathlib.Path(plain).iterdir() if p.is_dir()} == \
+        stores
     np.testing.assert_array_equal(open_dataset(plain)["c3"][n:],
                                   _expected(table, "c3")[:33])
+    assert len(before["c3"]) == n and before["c3"][n - 1] == _expected(table, "c3")[n - 1]
+    assert from_arrow(plain, table.slice(33, 10), append=True) == n + 43  # in place again
+    np.testing.assert_array_equal(open_dataset(plain)["c3"][n + 33:],
+                                  _expected(table, "c3")[33:43])
+    assert append_dataset(plain, grouped) == 2 * n + 43  # a grouped directory's rows too
+    np.testing.assert_array_equal(open_dataset(plain)["emb"][n + 43:], _expected(table, "emb"))

@@ -53,8 +53,8 @@ def check_rows(path: pathlib.Path | str, n: int | None = None) -> int:
     return count
 
 
-def make(path: pathlib.Path, n: int) -> None:
-    with DirectoryWriter(path, group_columns=True) as w:
+def make(path: pathlib.Path, n: int, grouped: bool = True) -> None:
+    with DirectoryWriter(path, group_columns=grouped) as w:
         w.add_column("id", "dense", np.int64)
         w.add_column("emb", "dense", np.float32, (3,))
         w.add_column("flag", "dense", np.bool_)
@@ -103,17 +103,32 @@ def test_one_writer_at_a_time(tmp_path: pathlib.Path) -> None:
     assert check_rows(dst) == 11
 
 
-def test_a_version_1_directory_is_told_how(tmp_path: pathlib.Path) -> None:
-    with DirectoryWriter(tmp_path / "v1") as w:
+def test_a_version_1_directory_is_given_a_commit_point(tmp_path: pathlib.Path) -> None:
+    """The older layout (a store per column) grows in place too: its first append replaces
+    its manifest with the same columns under a generation, then appends as to any other."""
+    dst = tmp_path / "v1"
+    make(dst, 10, grouped=False)
+    assert read_manifest(dst).version == 1
+    stores = {p.name: p.stat().st_ino for p in dst.iterdir() if p.is_dir()}
+    assert append_rows(dst, rows_of(10, 25)) == 25
+    m = read_manifest(dst)
+    assert m.version == 2 and m.generation and not m.groups
+    assert {p.name: p.stat().st_ino for p in dst.iterdir() if p.is_dir()} == stores
+    assert check_rows(dst) == 25
+    assert append_rows(dst, rows_of(25, 26)) == 26 and read_manifest(dst).generation == \
+        m.generation
+    with DirectoryWriter(tmp_path / "parts", rows_per_part=4) as w:  # parts: not in place
         w.add_column("id", "dense", np.int64)
-        w.append({"id": np.arange(3)})
-    with pytest.raises(DatasetError, match="group_columns=True"):
-        append_rows(tmp_path / "v1", {"id": np.arange(2)})
+        w.append({"id": np.arange(9)})
+    with pytest.raises(DatasetError, match="directory of parts"):
+        append_rows(tmp_path / "parts", {"id": np.arange(2)})
 
 
-def test_an_open_dataset_keeps_its_rows_and_a_new_open_sees_more(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("grouped", [True, False])
+def test_an_open_dataset_keeps_its_rows_and_a_new_open_sees_more(tmp_path: pathlib.Path,
+                                                                 grouped: bool) -> None:
     dst = tmp_path / "t"
-    make(dst, 500)
+    make(dst, 500, grouped)
     before = open_dataset(dst)
     loader = DataLoader(before, batch_size=64, seed=3, transform=lambda b: b)
     it = iter(loader)
@@ -278,9 +293,13 @@ def test_append_dataset_and_from_arrow_append_in_place(tmp_path: pathlib.Path) -
     assert check_rows(dst) == 75
 
 
-def test_a_worker_process_reads_the_rows_its_loader_was_given(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("grouped", [True, False])
+def test_a_worker_process_reads_the_rows_its_loader_was_given(tmp_path: pathlib.Path,
+                                                              grouped: bool) -> None:
+    """Opened at version 1 (not grouped), the first append gives the directory its
+    generation: a worker still takes the rows it was given."""
     dst = tmp_path / "t"
-    make(dst, 400)
+    make(dst, 400, grouped)
     ds = open_dataset(dst)
     got = {}
     for mode in ("thread", "process"):

@@ -497,10 +497,13 @@ def test_an_append_or_delete_waits_for_nobody_and_retires_old_handles(tmp_path):
     finally:
         writer.close()
     assert reader["label"][:].tolist() == [0, 1]
-    intake.append_dataset(tmp_path / "d", tmp_path / "s")
+    intake.append_dataset(tmp_path / "d", tmp_path / "s")  # in place
+    assert reader["label"][:].tolist() == [0, 1]  # the rows it was opened with
+    assert open_dataset(tmp_path / "d")["label"][:].tolist() == [0, 1, 1]
+    intake.delete_rows(tmp_path / "d", [0])
     with pytest.raises(StoreChangedError):
         reader["label"][:]  # the dataset was replaced: open it again
-    assert open_dataset(tmp_path / "d")["label"][:].tolist() == [0, 1, 1]
+    assert open_dataset(tmp_path / "d")["label"][:].tolist() == [1, 1]
 
 
 # -- one column's store alone ---------------------------------------------------------------------

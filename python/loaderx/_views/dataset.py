@@ -37,8 +37,8 @@ class _StoreView:
     """What both dataset kinds share: the schema, the store handle, lifecycle and pickling."""
 
     _kind = ""
-    #: A column of a dataset directory with a commit point (manifest version 2): ``(rows,
-    #: directory, generation)``. The dataset then has ``rows`` records whatever its store holds
+    #: A column of a dataset directory: ``(rows, directory, generation)`` (the generation ""
+    #: for a manifest of version 1). The dataset then has ``rows`` records whatever its store holds
     #: (records past them are an append not yet committed), and a copy unpickled in a worker
     #: process refuses a directory written again since. None: the store's own length.
     _pin: tuple[int, str, str] | None = None
@@ -150,7 +150,9 @@ def _reopen(cls: type, path: str, verify_reads: bool,
     if pin is not None and pin[1]:
         rows, root, generation = pin
         now, held = _directory_state(root)
-        if now != generation or held < rows:
+        # (A directory opened at version 1 has no generation; its first append in place gives
+        # it one. A directory written again has new stores: the view token below tells.)
+        if (generation and now != generation) or held < rows:
             raise StoreChangedError(
                 f"{root} was written again or shrunk (generation {now!r}, {held} rows; this "
                 f"dataset was opened at {generation!r}, {rows} rows): its records may no "

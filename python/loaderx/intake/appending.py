@@ -1,5 +1,6 @@
-"""Appending rows in place to a dataset directory with a commit point (manifest version 2:
-``group_columns=True``), every column at once.
+"""Appending rows in place to a dataset directory, every column at once: the one way a
+directory grows (a directory of parts, or rows past what one store per column holds, are
+joined into a new directory instead: :mod:`loaderx.intake.growing`).
 
 >>> import numpy as np, os, tempfile
 >>> from loaderx.intake import DirectoryWriter, append_rows, open_dataset
@@ -33,6 +34,11 @@ every store's writer lock) trims them first (``Zrecord.truncate``: the count of 
 back, nothing moves, no reader is disturbed). After the rename it is the new dataset. So a
 directory opens as the old or the new dataset at every moment, every acknowledged row is there
 after a crash, and the columns of a row always belong together.
+
+**A directory of the older layout** (manifest version 1, a store per column, written with
+``group_columns=False``, by ``resume=True`` or by an earlier loaderx) is given a commit point by
+its first append (:func:`give_commit_point`: its manifest is replaced with the same columns and
+rows under a generation, before any record is written); it then grows like any other.
 
 One writer at a time: the append holds every store's writer lock (another writer gets
 :class:`~loaderx.errors.StoreBusyError` at once); readers are unlimited.
@@ -75,6 +81,33 @@ def has_commit_point(manifest: Manifest) -> bool:
     return bool(manifest.generation) and not manifest.parts
 
 
+def give_commit_point(dst: str) -> Manifest:
+    """``dst``'s manifest, given a commit point first when it is a directory of the older
+    layout (version 1: a store per column, no generation) of one part: the same columns and
+    rows under a new generation, the manifest replaced in one durable step under every store's
+    writer lock -- no record is written. Appends are then in place, as for a grouped directory.
+    A directory of parts is returned as it is. Every store must hold the manifest's rows
+    (CorruptStoreError naming the repair otherwise)."""
+    manifest = read_manifest(dst)
+    if manifest.generation or manifest.parts:
+        return manifest
+    stores = _lock_stores(dst)
+    try:
+        manifest = read_manifest(dst)  # again, under the locks
+        if manifest.generation or manifest.parts:
+            return manifest
+        for z in stores:
+            if len(z) != manifest.rows:
+                raise CorruptStoreError(
+                    f"{z.path} holds {len(z)} records and the manifest of {dst} says "
+                    f"{manifest.rows} rows; run loaderx.intake.repair_dataset({dst!r}) first")
+        manifest = dataclasses.replace(manifest, generation=os.urandom(8).hex())
+        _native.replace_file(dst, MANIFEST_FILE, manifest.to_bytes())
+        return manifest
+    finally:
+        release_stores(stores)
+
+
 def append_rows(dst: str | os.PathLike[str], rows: Mapping[str, Any]) -> int:
     """Appends ``rows`` (``{column: records}``, every column, as
     :meth:`~loaderx.intake.DirectoryWriter.append` takes them; a string column also takes
@@ -92,7 +125,7 @@ class Appender:
 
     def __init__(self, dst: str | os.PathLike[str]) -> None:
         self.dst = os.path.abspath(os.fspath(dst))
-        _require(self.dst, read_manifest(self.dst))
+        _require(self.dst, give_commit_point(self.dst))
         self._stores = _lock_stores(self.dst)
         self._state = "open"
         #: Records an interrupted append had left past the commit point, trimmed: by store.
@@ -253,11 +286,9 @@ def _require(dst: str, manifest: Manifest) -> None:
     if manifest.parts:
         raise DatasetError(f"{dst} is a directory of parts; rows are appended in place to a "
                            "directory of one part only (convert it again as a whole)")
-    if not manifest.generation:
-        raise DatasetError(f"{dst} has no commit point (a version-1 manifest: a store per "
-                           "column, written without group_columns=True); append to it with "
-                           "loaderx.intake.append_dataset, or convert it again with "
-                           "group_columns=True to append in place")
+    if not manifest.generation:  # (give_commit_point gives every other directory one)
+        raise DatasetError(f"{dst} has no commit point; append to it with "
+                           "loaderx.intake.append_dataset")
 
 
 def _sync_all(stores: list[Zrecord]) -> None:

@@ -559,7 +559,9 @@ def _open_from(path: str, manifest: Manifest, columns: Sequence[str] | None,
         if not manifest.parts:
             groups = _open_groups(path, manifest, [(path, manifest, manifest.rows)], chosen,
                                   verify_reads, opened)
-            pin = (path, manifest.generation) if manifest.generation else None
+            # Every column shows the manifest's rows, whatever its store holds past them (an
+            # append in place not yet committed, or committed since this open).
+            pin = (path, manifest.generation)
             return {c.name: (_open_store(path, c, manifest.rows, verify_reads, opened, pin)
                              if c.group is None else groups[c.name]) for c in chosen}
         subs = [(part_directory(path, part), part) for part in manifest.parts]
@@ -776,16 +778,20 @@ def _open_store(root: str, col: Column, rows: int, verify_reads: bool,
                 opened: list[Any] | None = None,
                 pin: tuple[str, str] | None = None) -> Dataset:
     """Column ``col``'s store in ``root``, of ``rows`` records; with ``pin`` (the dataset
-    directory and generation of a version-2 manifest), pinned to them (records past ``rows``
-    are an append not committed)."""
+    directory and its generation: "" for a manifest of version 1), pinned to them (records
+    past ``rows`` are an append not committed, or committed after this open)."""
     store = os.path.join(root, col.store)
     if os.path.islink(store) or not os.path.isdir(store):
         raise CorruptStoreError(f"{store}: the store of column {col.name!r} is missing (or is "
                                 "a link); the dataset directory is incomplete")
     cls = DenseDataset if col.kind == "dense" else RaggedDataset
+    # A version-1 manifest (no generation) is never appended to in place: its stores must hold
+    # its rows exactly (records past them were appended to this column alone); the dataset is
+    # pinned to them once checked.
+    v1 = pin is not None and not pin[1]
     try:
         ds = cls(store, verify_reads=verify_reads,
-                 _pin=None if pin is None else (rows, *pin))
+                 _pin=None if pin is None or v1 else (rows, *pin))
     except DatasetError as e:
         raise CorruptStoreError(f"column {col.name!r}: {e}") from None
     if (ds.dtype, ds.item_shape) != (col.dtype, col.item_shape) or len(ds) != rows:
@@ -795,6 +801,8 @@ def _open_store(root: str, col: Column, rows: int, verify_reads: bool,
         ds.close()
         raise CorruptStoreError(f"{store}: column {col.name!r} holds {found}; the manifest "
                                 f"says {rows} {col.dtype.str}{col.item_shape}{how}")
+    if v1 and pin is not None:
+        ds._pin = (rows, *pin)
     if opened is not None:
         opened.append(ds)
     return ds

@@ -257,7 +257,7 @@ def append_dataset(dst: str | os.PathLike[str], src: str | os.PathLike[str]) -> 
         raise DatasetError(f"{src} is appended to itself; copy it first "
                            "(loaderx.copying.copy) and append the copy")
     src_manifest = read_manifest(src)
-    if is_dataset_directory(dst) and has_commit_point(read_manifest(dst)):
+    if is_dataset_directory(dst) and _in_place(read_manifest(dst), src_manifest.rows):
         return _append_in_place(dst, src, src_manifest)
     refuse_grouped(src, src_manifest, "append")
     for ds in open_dataset(src).values():  # every store of src as its manifest says
@@ -283,14 +283,21 @@ def append_converted(dst: str | os.PathLike[str], convert: Callable[[str, Existi
                                     and not os.listdir(dst)):
         result = convert(dst, None)
         return result, read_manifest(dst)
-    if is_dataset_directory(dst) and has_commit_point(manifest := read_manifest(dst)):
-        # In place: the rows converted aside, then appended to every store of dst.
+    if is_dataset_directory(dst) and _in_place(manifest := read_manifest(dst), 0):
+        # In place: the rows converted aside, then appended to every store of dst (or, past
+        # what one store per column holds, joined into a new directory of parts as below).
         with staging.private_dir(dst, "incoming") as incoming:
             new = os.path.join(incoming, "new")
-            result = convert(new, Existing(dst, manifest, False))
+            result = convert(new, Existing(dst, manifest, _checksummed(dst, manifest)))
             _step("grow:converted")
-            _append_in_place(dst, new, read_manifest(new), what)
-            return result, read_manifest(dst)
+            new_manifest = read_manifest(new)
+            if _in_place(manifest, new_manifest.rows):
+                _append_in_place(dst, new, new_manifest, what)
+                return result, read_manifest(dst)
+            with _holding(dst, "append") as held:
+                _step("grow:held")
+                _check_append(held.manifest, held.path, new, new_manifest, what)
+                return result, _grow(held, new, new_manifest, incoming, link=True, name=what)
     with _holding(dst, "append") as held:
         _step("grow:held")
         existing = Existing(dst, held.manifest, any(z.has_checksums() for z in held.stores))
@@ -303,36 +310,69 @@ def append_converted(dst: str | os.PathLike[str], convert: Callable[[str, Existi
             return result, _grow(held, new, new_manifest, incoming, link=True, name=what)
 
 
+def _in_place(m: Manifest, new_rows: int) -> bool:
+    """Whether ``new_rows`` more rows are appended to the directory of manifest ``m`` in place:
+    it has a commit point, or it is of the older layout (a store per column) in one part with
+    room for them in each store (it is then given a commit point). Else (a directory of parts,
+    or rows past one store's records) the rows are joined into a new directory that replaces
+    it (:func:`_grow`)."""
+    return has_commit_point(m) or (not m.parts and m.rows + new_rows <= MAX_RECORDS)
+
+
+def _checksummed(dst: str, m: Manifest) -> bool:
+    """Whether a store of the directory ``dst`` (manifest ``m``) keeps record checksums."""
+    for cs in column_stores(dst, m):
+        with Zrecord(os.path.join(dst, *cs.path.split("/"))) as z:
+            if z.has_checksums():
+                return True
+    return False
+
+
 def _append_in_place(dst: str, src: str, s: Manifest, name: str | None = None) -> int:
-    """The rows of the dataset directory ``src`` appended in place to ``dst``, a directory with
-    a commit point (:mod:`loaderx.intake.appending`), in blocks of rows, one commit; returns
-    ``dst``'s new row count. Checked and rewritten as the rebuilding path does (class names
-    matched by name, shard numbers moved), the manifest's keys changed in the same commit."""
+    """The rows of the dataset directory ``src`` appended in place to ``dst`` (see
+    :func:`_in_place`; :mod:`loaderx.intake.appending`), in blocks of rows, one commit;
+    returns ``dst``'s new row count. Checked and rewritten as the rebuilding path does (class
+    names matched by name, shard numbers moved), the manifest's keys changed in the same
+    commit. A directory of the older layout is given its commit point once the rows pass the
+    checks (:func:`~loaderx.intake.appending.give_commit_point`: its manifest alone)."""
     from loaderx.intake.appending import Appender
 
     name = src if name is None else name
-    with Appender(dst) as appender:
-        have = appender.manifest
-        _check_append(have, dst, src, s, name)
-        growth = _growth(have, s, name)
-        columns = open_dataset(src)
-        try:
-            step = max(1, min(_BLOCK_ROWS, s.rows))
-            for lo in range(0, s.rows, step):
-                idx = np.arange(lo, min(s.rows, lo + step), dtype=np.uint64)
+    # Refused before anything is written: the checks, then the rewrites tried on every row
+    # (a label past its class names), nothing kept.
+    first = read_manifest(dst)
+    _check_append(first, dst, src, s, name)
+    columns = open_dataset(src)
+    try:
+        probe = _growth(first, s, name)
+        for lo, idx in _row_blocks(s.rows):
+            for col_name, check in probe.rewrite.items():
+                check(_records(columns[col_name], idx), lo)
+        with Appender(dst) as appender:  # (a directory of the older layout given a commit point)
+            have = appender.manifest
+            _check_append(have, dst, src, s, name)
+            growth = _growth(have, s, name)
+            for lo, idx in _row_blocks(s.rows):
                 rows = {}
                 for c in have.columns:
                     records = _records(columns[c.name], idx)
                     rewrite = growth.rewrite.get(c.name)
                     rows[c.name] = records if rewrite is None else rewrite(records, lo)
                 appender.append(rows)
-        finally:
-            for ds in columns.values():
-                ds.close()
-        extras = growth.counted_extras()
-        appender.commit(columns=tuple(replace(c, extra=extras[c.name]) for c in have.columns),
-                        extra=growth.extra)
+            extras = growth.counted_extras()
+            appender.commit(columns=tuple(replace(c, extra=extras[c.name])
+                                          for c in have.columns), extra=growth.extra)
+    finally:
+        for ds in columns.values():
+            ds.close()
     return appender.rows
+
+
+def _row_blocks(rows: int) -> Iterator[tuple[int, np.ndarray]]:
+    """The rows ``0 .. rows - 1`` in blocks: each block's first row and its indices."""
+    step = max(1, min(_BLOCK_ROWS, rows))
+    for lo in range(0, rows, step):
+        yield lo, np.arange(lo, min(rows, lo + step), dtype=np.uint64)
 
 
 def _records(ds: Any, idx: np.ndarray) -> Any:
