@@ -695,4 +695,6 @@ def test_the_read_threads_cores_are_counted_beside_the_workers(tmp_path):
     assert p.returncode == 0, p.stderr
     busy, workers, pool, said = p.stdout.split()
     assert float(pool) > 0 and said == "1"
-    assert float(workers) + float(pool) <= float(busy) + 0.05
+    # Each thread's time and the process's are read one after the other (the process's last),
+    # so the parts can pass the whole by what ran between two readings: a few percent.
+    assert float(workers) + float(pool) <= 1.1 * float(busy) + 0.05

@@ -514,8 +514,8 @@ class Collector:
             span.__exit__(None, None, None)
 
     def _mark_start(self, now: int) -> None:
+        pool = self._pool_cpu()  # (the parts before the whole: see _cpu)
         cpu, workers = self._cpu()
-        pool = self._pool_cpu()
         with self.lock:
             if self.base is None:
                 self.base = _Cumulative(now, _Totals.empty(), _Hist(),
@@ -526,16 +526,17 @@ class Collector:
 
     def _cpu(self) -> tuple[int, int | None]:
         """CPU time so far (ns): of this process and the worker processes; and of the
-        workers alone (threads or processes; None with no workers or where unknown)."""
-        own = time.process_time_ns()
+        workers alone (threads or processes; None with no workers or where unknown). The
+        process's own time is read last: it then covers every thread's reading before it."""
         if self.workers == 0:
-            return own, None
+            return time.process_time_ns(), None
         if self.mode == "process":
             roots = [f"/proc/{pid}" for pid in (self.pids() if self.pids is not None else [])]
         else:
             with self.lock:
                 roots = [f"/proc/self/task/{tid}" for tid in self.threads]
         readings = [(root, _task_cpu(root)) for root in roots]
+        own = time.process_time_ns()
         with self.lock:
             seen = self.cpu_seen
             for root, value in readings:
@@ -569,9 +570,9 @@ class Collector:
                 totals = totals.merged(r.totals())
             consumer = self.consumer
             wait, queue = consumer.wait(), consumer.queue.copy()
+        pool = self._pool_cpu()  # (the parts before the whole: see _cpu)
         cpu, workers = self._cpu()
-        return _Cumulative(_ns(), totals, wait, queue, cpu, workers, _machine(),
-                           self._pool_cpu())
+        return _Cumulative(_ns(), totals, wait, queue, cpu, workers, _machine(), pool)
 
     def snapshot(self) -> LoaderStats:
         """Everything since the start, and since the last snapshot."""
