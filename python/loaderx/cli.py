@@ -509,7 +509,8 @@ def _verify_dataset_directory(args: argparse.Namespace) -> int:
         faults.append(f"{len(report['problems'])} problem(s) with its parts")
     parts = f" in {len(report['parts'])} parts" if report["parts"] else ""
     found = "; ".join(faults) if faults else "nothing damaged, every store as the manifest says"
-    own = [c for c in report["columns"] if not c["name"].startswith("<column group")]
+    groups = {c["group"] for c in report["columns"] if c.get("group")}  # (entries of their own)
+    own = [c for c in report["columns"] if c["name"] not in groups]
     print(f"{args.store}: a dataset directory of {len(own)} columns and "
           f"{report['rows']} rows{parts}; {report['records']} records decoded, "
           f"{report['checked']} checked against checksums, {report['unchecked']} without one; "

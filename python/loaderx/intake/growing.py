@@ -288,7 +288,9 @@ def append_converted(dst: str | os.PathLike[str], convert: Callable[[str, Existi
         # what one store per column holds, joined into a new directory of parts as below).
         with staging.private_dir(dst, "incoming") as incoming:
             new = os.path.join(incoming, "new")
-            result = convert(new, Existing(dst, manifest, _checksummed(dst, manifest)))
+            # (No checksums asked of the new rows: the append writes them again, and a join
+            # gives them checksums where dst's stores keep them.)
+            result = convert(new, Existing(dst, manifest, False))
             _step("grow:converted")
             new_manifest = read_manifest(new)
             if _in_place(manifest, new_manifest.rows):
@@ -296,8 +298,7 @@ def append_converted(dst: str | os.PathLike[str], convert: Callable[[str, Existi
                 return result, read_manifest(dst)
             with _holding(dst, "append") as held:
                 _step("grow:held")
-                _check_append(held.manifest, held.path, new, new_manifest, what)
-                return result, _grow(held, new, new_manifest, incoming, link=True, name=what)
+                return result, _joined(held, new, incoming, what)
     with _holding(dst, "append") as held:
         _step("grow:held")
         existing = Existing(dst, held.manifest, any(z.has_checksums() for z in held.stores))
@@ -305,9 +306,15 @@ def append_converted(dst: str | os.PathLike[str], convert: Callable[[str, Existi
             new = os.path.join(incoming, "new")
             result = convert(new, existing)
             _step("grow:converted")
-            new_manifest = read_manifest(new)
-            _check_append(held.manifest, held.path, new, new_manifest, what)
-            return result, _grow(held, new, new_manifest, incoming, link=True, name=what)
+            return result, _joined(held, new, incoming, what)
+
+
+def _joined(held: _Held, new: str, incoming: str, what: str) -> Manifest:
+    """The rows converted into ``new`` (``what`` in errors), checked and joined to the held
+    dataset (:func:`_grow`, linked); its new manifest."""
+    new_manifest = read_manifest(new)
+    _check_append(held.manifest, held.path, new, new_manifest, what)
+    return _grow(held, new, new_manifest, incoming, link=True, name=what)
 
 
 def _in_place(m: Manifest, new_rows: int) -> bool:
@@ -317,15 +324,6 @@ def _in_place(m: Manifest, new_rows: int) -> bool:
     or rows past one store's records) the rows are joined into a new directory that replaces
     it (:func:`_grow`)."""
     return has_commit_point(m) or (not m.parts and m.rows + new_rows <= MAX_RECORDS)
-
-
-def _checksummed(dst: str, m: Manifest) -> bool:
-    """Whether a store of the directory ``dst`` (manifest ``m``) keeps record checksums."""
-    for cs in column_stores(dst, m):
-        with Zrecord(os.path.join(dst, *cs.path.split("/"))) as z:
-            if z.has_checksums():
-                return True
-    return False
 
 
 def _append_in_place(dst: str, src: str, s: Manifest, name: str | None = None) -> int:
@@ -350,7 +348,8 @@ def _append_in_place(dst: str, src: str, s: Manifest, name: str | None = None) -
                 check(_records(columns[col_name], idx), lo)
         with Appender(dst) as appender:  # (a directory of the older layout given a commit point)
             have = appender.manifest
-            _check_append(have, dst, src, s, name)
+            if replace(have, generation="") != replace(first, generation=""):
+                _check_append(have, dst, src, s, name)  # another writer came in between
             growth = _growth(have, s, name)
             for lo, idx in _row_blocks(s.rows):
                 rows = {}
